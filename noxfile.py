@@ -1,0 +1,39 @@
+"""Developer sessions: ``nox -s tests lint typecheck simulation`` before a commit, ``nox -s bench`` for numbers."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck", "simulation"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "simulation", "benchmarks")
+    session.run("ruff", "format", "--check", "src", "tests", "simulation", "benchmarks")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[test]", "mypy")
+    session.run("mypy")
+
+
+@nox.session
+def simulation(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "simulation", "gate", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "benchmarks", *session.posargs)

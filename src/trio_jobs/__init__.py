@@ -1,0 +1,87 @@
+"""trio-jobs: durable background jobs and multi-step workflows on Trio.
+
+Declare a job once with :func:`job`, enqueue it from anywhere with
+``await my_job.enqueue(input)`` (it joins the ambient transaction), and run it
+with a :class:`Worker`. See ``docs/`` for the tutorial.
+"""
+
+from ._context import JobContext, Signal, Steps, run_to_completion
+from ._declare import Concurrency, Enqueued, Job, Retry, job
+from ._facade import (
+    Actor,
+    Jobs,
+    Transaction,
+    acting_as,
+    cross_tenant,
+    current_jobs,
+    open_jobs,
+    publish_event,
+    set_job_driver,
+)
+from ._settled import Outcome, Settled
+from ._worker import Worker, WorkerStats
+from .drivers import (
+    LIVE_STATES,
+    MAX_BULK_ROWS,
+    MAX_ENQUEUE_BATCH,
+    MAX_JOB_PAGE,
+    PROMOTABLE_STATES,
+    TERMINAL_STATES,
+    UNWIND_MARGIN,
+    BulkResult,
+    CounterRow,
+    JobDriver,
+    JobPage,
+    JobView,
+    QueueStats,
+    StepView,
+    WorkerInfo,
+    memory_driver,
+)
+from .errors import ErrorCode, JobsError, register_error_retry
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "LIVE_STATES",
+    "MAX_BULK_ROWS",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "PROMOTABLE_STATES",
+    "TERMINAL_STATES",
+    "UNWIND_MARGIN",
+    "Actor",
+    "BulkResult",
+    "Concurrency",
+    "CounterRow",
+    "Enqueued",
+    "ErrorCode",
+    "Job",
+    "JobContext",
+    "JobDriver",
+    "JobPage",
+    "JobView",
+    "Jobs",
+    "JobsError",
+    "Outcome",
+    "QueueStats",
+    "Retry",
+    "Settled",
+    "Signal",
+    "StepView",
+    "Steps",
+    "Transaction",
+    "Worker",
+    "WorkerInfo",
+    "WorkerStats",
+    "acting_as",
+    "cross_tenant",
+    "current_jobs",
+    "job",
+    "memory_driver",
+    "open_jobs",
+    "publish_event",
+    "register_error_retry",
+    "run_to_completion",
+    "set_job_driver",
+]

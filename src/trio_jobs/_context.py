@@ -1,0 +1,545 @@
+"""What a job body sees: ``JobContext``, its abort signal, and durable steps."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+import attrs
+import trio
+
+from . import _ambient
+from ._serialization import UnserializableError, converter, json_form
+from ._time import Duration, parse_duration
+from .drivers._protocol import Progress, StepRecord
+from .errors import ErrorCode, JobAbortedError, JobsError
+
+if TYPE_CHECKING:
+    from ._declare import Job
+    from ._facade import Actor, Jobs
+    from .drivers._protocol import ClaimedJob, JobDriver
+
+__all__ = ["JobContext", "Signal", "Steps", "run_to_completion"]
+
+I = TypeVar("I")
+T = TypeVar("T")
+
+RESERVED_STEP = "unwinding"
+COMPENSATE_PREFIX = "compensate:"
+MAX_STEP_NAME = 200
+#: The bounded budget for a shielded write after the body was cancelled.
+WRITE_BUDGET = 10.0
+
+
+class Signal:
+    """A job's abort signal. ``reason`` is a :class:`JobAbortedError` with one of
+    ``X_ABORTED``, ``X_DRAINING``, ``X_JOB_TIMEOUT``, ``X_JOB_SLOT_LOST`` or
+    ``X_JOB_LEASE_LOST`` once aborted, ``None`` before.
+
+    When it aborts, the body's cancel scope is cancelled too, so every checkpoint
+    in the body raises ``trio.Cancelled``.
+    """
+
+    __slots__ = ("_deadline", "_reason", "_scopes")
+
+    def __init__(self) -> None:
+        self._reason: JobAbortedError | None = None
+        self._scopes: list[trio.CancelScope] = []
+        self._deadline = math.inf
+
+    @property
+    def reason(self) -> JobAbortedError | None:
+        if (
+            self._reason is None
+            and self._deadline != math.inf
+            and trio.current_time() >= self._deadline
+        ):
+            self._reason = JobAbortedError(
+                ErrorCode.X_JOB_TIMEOUT, "the job's timeout passed; the attempt fails and retries"
+            )
+        return self._reason
+
+    @property
+    def aborted(self) -> bool:
+        return self.reason is not None
+
+    def raise_if_aborted(self) -> None:
+        """Raise the reason when aborted: call it between steps in a long loop."""
+        reason = self.reason
+        if reason is not None:
+            raise reason
+
+    def abort(self, code: ErrorCode, message: str) -> bool:
+        """Abort with ``code`` (the first reason wins) and cancel the body."""
+        if self.reason is not None:
+            return False
+        self._reason = JobAbortedError(code, message)
+        for scope in self._scopes:
+            scope.cancel()
+        return True
+
+    def _attach(self, scope: trio.CancelScope, deadline: float = math.inf) -> None:
+        self._scopes.append(scope)
+        self._deadline = min(self._deadline, deadline)
+        if self._reason is not None:
+            scope.cancel()
+
+
+class Handback(BaseException):
+    """Internal: the body hands the run back (a sleep or an event wait)."""
+
+    def __init__(self, state: str, run_at: float, waiting_event: str | None = None) -> None:
+        super().__init__(state)
+        self.state = state
+        self.run_at = run_at
+        self.waiting_event = waiting_event
+
+
+class ReplayStop(BaseException):
+    """Internal: an unwinding replay reached a step that never completed."""
+
+
+class LeaseLost(BaseException):
+    """Internal: a fenced write did not land."""
+
+
+@attrs.define
+class Compensator:
+    step: str
+    fn: Callable[..., Any]
+    output: Any
+    once: bool = False
+
+
+BoundaryHook = Callable[[str, "str | None"], Awaitable[None]]
+
+
+class RunState:
+    """Everything one attempt of one job holds. Internal."""
+
+    def __init__(
+        self,
+        *,
+        jobs: Jobs,
+        driver: JobDriver,
+        handle: Job[Any, Any],
+        claimed: ClaimedJob,
+        input: Any,
+        steps: list[StepRecord],
+        unwinding: bool,
+        boundary: BoundaryHook | None,
+        event_poll: float,
+    ) -> None:
+        self.jobs = jobs
+        self.driver = driver
+        self.handle = handle
+        self.claimed = claimed
+        self.input = input
+        self.records: dict[str, StepRecord] = {r.name: r for r in steps}
+        self.next_seq = max((r.seq for r in steps), default=0) + 1
+        self.used: set[str] = set()
+        self.sleeps = 0
+        self.compensators: list[Compensator] = []
+        self.unwinding = unwinding
+        self.unknown_compensation: str | None = None
+        self.signal = Signal()
+        self.boundary = boundary
+        self.event_poll = event_poll
+        self.progress: Progress | None = None
+        self.progress_dirty = False
+        self.progress_written_at = -math.inf
+        self.lost = False
+
+    # ------------------------------------------------------------------ writes
+
+    async def put(self, record: StepRecord) -> None:
+        """A fenced, durable step write; a refused fence is a lost lease."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + WRITE_BUDGET
+            landed = await self.driver.steps.put(self.claimed.id, self.claimed.fence, record)
+        if scope.cancelled_caught:
+            landed = False
+        if not landed:
+            self.lost = True
+            self.signal.abort(
+                ErrorCode.X_JOB_LEASE_LOST,
+                "a step write was refused: this worker no longer holds the job's lease",
+            )
+            raise LeaseLost()
+        self.records[record.name] = record
+
+    def seq_for(self, name: str) -> int:
+        old = self.records.get(name)
+        if old is not None:
+            return old.seq
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    async def hit(self, boundary: str, step: str | None) -> None:
+        if self.boundary is not None:
+            await self.boundary(boundary, step)
+
+    def claim_name(self, name: object, *, what: str) -> str:
+        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                f"{what} needs a name: a non-empty string of at most {MAX_STEP_NAME} characters",
+            )
+        if name == RESERVED_STEP or name.startswith(COMPENSATE_PREFIX):
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                f"step names 'unwinding' and 'compensate:*' are the framework's; rename the {what}",
+            )
+        if name in self.used:
+            raise JobsError(
+                ErrorCode.X_STEP_DUPLICATE,
+                f"two steps share the name {name!r} in one run; step names are the persistence key — rename one",
+                meta={"step": name},
+            )
+        self.used.add(name)
+        return name
+
+    def refuse_past_abort(self, name: str) -> None:
+        reason = self.signal.reason
+        if reason is not None and not _ambient.complete_var.get():
+            raise JobAbortedError(
+                ErrorCode.X_ABORTED,
+                f"step {name!r} was not started: the run was aborted ({reason.code}); nothing was written",
+                meta={"step": name, "reason": reason.code},
+            )
+
+
+def _wants_signal(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) >= 1
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    value = fn(*args)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+class Steps:
+    """``ctx.step``: memoized steps, durable timers and event waits."""
+
+    def __init__(self, state: RunState) -> None:
+        self._s = state
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T] | T],
+        *,
+        compensate: Callable[..., Any] | None = None,
+        once: bool = False,
+    ) -> Any:
+        """Run ``fn`` once ever and answer what was stored (its JSON form), on the
+        first run too. On a replay, answer the stored output without calling ``fn``.
+
+        An exception from ``fn`` is recorded and re-raised unchanged. ``once=True``:
+        ``started`` is persisted before ``fn``; a replay finding it without
+        ``completed`` stops with terminal ``X_STEP_OUTCOME_UNKNOWN``.
+        ``compensate(output)`` undoes the step if the run fails for good (needs
+        ``job(compensates=True)``). ``fn`` may take one argument: this step's
+        :class:`Signal` (its ``step_timeout`` and the run's abort).
+        """
+        s = self._s
+        name = s.claim_name(name, what="step.run")
+        if compensate is not None:
+            if not s.handle.compensates:
+                raise JobsError(
+                    ErrorCode.X_JOB_DECLARATION_INVALID,
+                    f"step {name!r} has compensate= but the job does not declare compensates=True",
+                )
+            if not callable(compensate):
+                raise JobsError(
+                    ErrorCode.X_JOB_DECLARATION_INVALID,
+                    "compensate must be a function of the output",
+                )
+        rec = s.records.get(name)
+        if rec is not None and rec.status == "completed":
+            if compensate is not None:
+                s.compensators.append(Compensator(name, compensate, rec.output, once))
+            return rec.output
+        if s.unwinding:
+            if once and compensate is not None and rec is not None:
+                s.unknown_compensation = name
+            raise ReplayStop()
+        if once and rec is not None and rec.status in ("started", "failed"):
+            raise JobsError(
+                ErrorCode.X_STEP_OUTCOME_UNKNOWN,
+                f"once step {name!r} started on an earlier attempt and never recorded an outcome; "
+                f"resolve it (`trio-jobs resolve-step ID {name} --ran --output JSON` or --not-ran), "
+                "then `trio-jobs retry ID`",
+                meta={"step": name},
+            )
+        s.refuse_past_abort(name)
+        executions = (rec.executions if rec is not None else 0) + 1
+        seq = s.seq_for(name)
+        await s.hit("before-step", name)
+        if once:
+            await s.put(StepRecord(name=name, status="started", seq=seq, executions=executions))
+        step_signal = Signal()
+        timeout = s.handle.step_timeout
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        try:
+            with trio.CancelScope(deadline=deadline) as scope:
+                step_signal._attach(scope, deadline)
+                args = (step_signal,) if _wants_signal(fn) else ()
+                value = await _call(fn, *args)
+            if scope.cancelled_caught:
+                raise JobsError(
+                    ErrorCode.X_JOB_TIMEOUT,
+                    f"step {name!r} ran past its step_timeout of {timeout}s",
+                    meta={"step": name},
+                )
+        except (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            if s.signal.reason is None:
+                await s.put(
+                    StepRecord(
+                        name=name,
+                        status="failed",
+                        seq=seq,
+                        executions=executions,
+                        error=_describe(exc),
+                        error_code=getattr(exc, "code", None)
+                        if isinstance(exc, JobsError)
+                        else None,
+                    )
+                )
+                await s.hit("after-record", name)
+            raise
+        await s.hit("after-fn", name)
+        try:
+            output = json_form(value)
+        except UnserializableError as exc:
+            error = JobsError(
+                ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
+                f"step {name!r} returned a value with no JSON form ({exc}); return plain data "
+                "(a cursor or a small view), not an object graph",
+                meta={"step": name},
+            )
+            await s.put(
+                StepRecord(
+                    name=name,
+                    status="failed",
+                    seq=seq,
+                    executions=executions,
+                    error=str(error),
+                    error_code=error.code,
+                )
+            )
+            raise error from None
+        await s.put(
+            StepRecord(name=name, status="completed", seq=seq, executions=executions, output=output)
+        )
+        await s.hit("after-record", name)
+        if compensate is not None:
+            s.compensators.append(Compensator(name, compensate, output, once))
+        return output
+
+    async def sleep(self, duration: Duration, *, name: str | None = None) -> None:
+        """A durable timer: persist the wake time and hand the run back (``delayed``).
+
+        The run resumes in any worker once the time has come; nothing is held.
+        The default name is positional: ``sleep:1``, ``sleep:2``, ...
+        """
+        s = self._s
+        seconds = parse_duration(duration, field="step.sleep duration", allow_zero=True)
+        s.sleeps += 1
+        step_name = s.claim_name(
+            name if name is not None else f"sleep:{s.sleeps}", what="step.sleep"
+        )
+        rec = s.records.get(step_name)
+        if rec is not None and rec.status == "completed":
+            return
+        if rec is not None and rec.status == "sleeping" and rec.wake_at is not None:
+            if s.driver.now() >= rec.wake_at or s.claimed.promoted:
+                if s.unwinding:
+                    return
+                s.refuse_past_abort(step_name)
+                await s.put(attrs.evolve(rec, status="completed", executions=1))
+                return
+            if s.unwinding:
+                raise ReplayStop()
+            raise Handback("delayed", rec.wake_at)
+        if s.unwinding:
+            raise ReplayStop()
+        s.refuse_past_abort(step_name)
+        if seconds == 0:
+            return
+        await s.hit("before-step", step_name)
+        wake_at = s.driver.now() + seconds
+        await s.put(
+            StepRecord(
+                name=step_name,
+                status="sleeping",
+                seq=s.seq_for(step_name),
+                executions=1,
+                wake_at=wake_at,
+            )
+        )
+        await s.hit("after-record", step_name)
+        raise Handback("delayed", wake_at)
+
+    async def wait_for_event(
+        self,
+        name: str,
+        event: str,
+        *,
+        schema: type[T] | Any,
+        match: Callable[[T], bool] | None = None,
+        timeout: Duration,
+    ) -> T | None:
+        """Suspend until an event named ``event``, published at or after the wait
+        began, matches (``match(payload)``, or any when ``None``), or ``timeout``
+        passes. Answers the payload parsed by ``schema``, or ``None`` on timeout.
+
+        A payload ``schema`` refuses is terminal ``X_JOB_EVENT_INVALID``."""
+        s = self._s
+        step_name = s.claim_name(name, what="step.wait_for_event")
+        if schema is None:
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                "wait_for_event needs schema= (an attrs class or type)",
+            )
+        if not isinstance(event, str) or not event:
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID, "wait_for_event needs an event name"
+            )
+        if match is not None and not callable(match):
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                "match must be a predicate over the parsed payload",
+            )
+        try:
+            timeout_s = parse_duration(timeout, field="wait_for_event timeout")
+        except JobsError as exc:
+            raise JobsError(ErrorCode.X_JOB_DECLARATION_INVALID, exc.message) from None
+        rec = s.records.get(step_name)
+        if rec is not None and rec.status == "completed":
+            return (
+                None
+                if rec.output is None
+                else cast("T", _parse_event(schema, rec.output, step_name))
+            )
+        if s.unwinding:
+            raise ReplayStop()
+        s.refuse_past_abort(step_name)
+        events = s.driver.events
+        if rec is None or rec.status != "waiting" or rec.since is None or rec.deadline is None:
+            await s.hit("before-step", step_name)
+            _none, now = await events.poll(event, math.inf)
+            rec = StepRecord(
+                name=step_name,
+                status="waiting",
+                seq=s.seq_for(step_name),
+                executions=1,
+                event=event,
+                since=now,
+                deadline=now + timeout_s,
+            )
+            await s.put(rec)
+            await s.hit("after-record", step_name)
+        assert rec.since is not None
+        assert rec.deadline is not None
+        found, now = await events.poll(event, rec.since)
+        for record in found:
+            parsed = _parse_event(schema, record.payload, step_name)
+            if match is None or match(parsed):
+                s.refuse_past_abort(step_name)
+                await s.put(attrs.evolve(rec, status="completed", output=record.payload))
+                return cast("T", parsed)
+        if now >= rec.deadline:
+            s.refuse_past_abort(step_name)
+            await s.put(attrs.evolve(rec, status="completed", output=None))
+            return None
+        poll = s.handle.event_poll if s.handle.event_poll is not None else s.event_poll
+        raise Handback("suspended", min(rec.deadline, now + poll), waiting_event=event)
+
+
+def _parse_event(schema: Any, payload: Any, step: str) -> Any:
+    try:
+        if isinstance(schema, type) and attrs.has(schema) and not isinstance(payload, dict):
+            raise TypeError("not an object")
+        return converter.structure(payload, schema)
+    except Exception:
+        raise JobsError(
+            ErrorCode.X_JOB_EVENT_INVALID,
+            f"the event payload for step {step!r} does not match its schema",
+            meta={"step": step},
+        ) from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, JobsError):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class JobContext(Generic[I]):
+    """What the body receives: input, steps, the abort signal, progress, ids."""
+
+    def __init__(self, state: RunState) -> None:
+        self._state = state
+        self.input: I = state.input
+        self.step = Steps(state)
+        self.signal = state.signal
+        claimed = state.claimed
+        self.job_id: str = claimed.id
+        self.run_id: str = claimed.run_id
+        self.attempt: int = claimed.attempt
+        self.final_attempt: bool = claimed.attempt >= state.handle.retry.attempts
+        self.tenant_id: str | None = claimed.tenant_id
+        from ._facade import Actor
+
+        self.actor: Actor | None = Actor.from_json(claimed.actor)
+        self.jobs: Jobs = state.jobs
+        self.name: str = state.handle.name
+
+    def progress(self, done: float, total: float, note: str | None = None) -> None:
+        """Record progress; the worker writes it at most once a second, and always
+        the last value before the run settles."""
+        for value in (done, total):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise JobsError(ErrorCode.X_INVARIANT, "progress(done, total) takes finite numbers")
+        if note is not None and not isinstance(note, str):
+            raise JobsError(ErrorCode.X_INVARIANT, "progress note must be a string")
+        self._state.progress = Progress(float(done), float(total), note[:500] if note else None)
+        self._state.progress_dirty = True
+
+    def __repr__(self) -> str:
+        return f"<JobContext {self.name} job_id={self.job_id} attempt={self.attempt}>"
+
+
+async def run_to_completion(fn: Callable[[], Awaitable[T] | T]) -> T:
+    """Run ``fn`` to its end even past the abort: shielded from cancellation, and
+    its writes (enqueues, transactions, steps) land although ``ctx.signal`` is
+    aborted. Keep it short: the drain budget still bounds the process."""
+    token = _ambient.complete_var.set(True)
+    try:
+        with trio.CancelScope(shield=True):
+            return cast("T", await _call(fn))
+        raise AssertionError("unreachable: a shielded scope is never cancelled")
+    finally:
+        _ambient.complete_var.reset(token)

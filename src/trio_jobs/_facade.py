@@ -1,0 +1,546 @@
+"""The facade: ``open_jobs``, the ambient facade, transactions, tenancy and actors."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from . import _ambient
+from ._declare import _MISSING, Enqueued, Job, check_job_list
+from ._serialization import payload_form
+from ._time import Duration, IdSource, UuidSource, parse_duration
+from .drivers._protocol import (
+    ENQUEUE_CHUNK,
+    MAX_BULK_ROWS,
+    MAX_ENQUEUE_BATCH,
+    BulkFilter,
+    BulkResult,
+    CounterRow,
+    DriverTransaction,
+    EnqueueRequest,
+    JobDriver,
+    JobIntrospection,
+    JobPage,
+    JobView,
+    ListFilter,
+    QueueStats,
+    WorkerInfo,
+)
+from .errors import ErrorCode, JobsError
+
+__all__ = [
+    "Actor",
+    "Jobs",
+    "Transaction",
+    "acting_as",
+    "cross_tenant",
+    "current_jobs",
+    "open_jobs",
+    "publish_event",
+    "set_job_driver",
+]
+
+CROSS_TENANT_PERMISSION = "tenancy:cross"
+
+
+@attrs.frozen
+class Actor:
+    """Who a run acts for: ``id``, the org (tenant) it belongs to, its permissions."""
+
+    id: str
+    org_id: str | None = None
+    permissions: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "org_id": self.org_id, "permissions": sorted(self.permissions)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Actor | None:
+        if not data:
+            return None
+        return cls(
+            id=str(data["id"]),
+            org_id=data.get("org_id"),
+            permissions=frozenset(data.get("permissions") or ()),
+        )
+
+
+@contextlib.contextmanager
+def acting_as(actor: Actor | None) -> Iterator[Actor | None]:
+    """Make ``actor`` the ambient actor: enqueues under it are checked against its org."""
+    token = _ambient.actor_var.set(actor)
+    try:
+        yield actor
+    finally:
+        _ambient.actor_var.reset(token)
+
+
+@contextlib.contextmanager
+def cross_tenant(reason: str) -> Iterator[None]:
+    """Lift the ambient actor's tenant check for the enclosed enqueues.
+
+    The ambient actor must hold the ``tenancy:cross`` permission
+    (``X_FORBIDDEN`` otherwise) and ``reason`` must say why (``X_INVARIANT`` when
+    blank). An explicit ``tenant_id=`` or ``enqueue_as`` is never admitted.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise JobsError(ErrorCode.X_INVARIANT, "cross_tenant(reason) needs a reason saying why")
+    actor = _ambient.actor_var.get()
+    if actor is None or CROSS_TENANT_PERMISSION not in actor.permissions:
+        raise JobsError(
+            ErrorCode.X_FORBIDDEN,
+            f"cross_tenant needs an ambient actor holding the {CROSS_TENANT_PERMISSION!r} permission",
+        )
+    token = _ambient.cross_tenant_var.set(reason)
+    try:
+        yield
+    finally:
+        _ambient.cross_tenant_var.reset(token)
+
+
+class Transaction:
+    """A Trio-side handle on the app's own transaction.
+
+    ``await tx.execute(sql, params)`` runs a statement in it; enqueues and
+    ``publish_event`` inside the block join it. Leaving the block commits; an
+    exception rolls back and every job enqueued in it never existed.
+    """
+
+    def __init__(self, jobs: Jobs, driver_tx: DriverTransaction) -> None:
+        self.jobs = jobs
+        self._tx = driver_tx
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        _ambient.check_not_aborted()
+        return await self._tx.execute(sql, params)
+
+    @property
+    def driver_tx(self) -> DriverTransaction:
+        return self._tx
+
+
+_default_driver: list[JobDriver] = []
+
+
+def set_job_driver(driver: JobDriver) -> None:
+    """Swap the driver with zero job-code change.
+
+    Inside ``open_jobs`` it swaps the ambient facade's driver for the rest of the
+    block (the caller opens and closes the new driver with ``open_jobs``'s own
+    lifetime); outside, it sets the driver ``open_jobs()`` uses when given none.
+    """
+    if not _is_driver(driver):
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID, "set_job_driver takes a driver, e.g. memory_driver()"
+        )
+    facade = _ambient.facade_var.get()
+    if facade is not None:
+        facade._pending_driver = driver
+    else:
+        _default_driver[:] = [driver]
+
+
+def _is_driver(obj: object) -> bool:
+    return all(
+        hasattr(obj, m) for m in ("enqueue_many", "claim", "ack", "nack", "heartbeat", "steps")
+    )
+
+
+class Jobs:
+    """The facade ``open_jobs`` yields: enqueue plumbing, transactions and the
+    operator surface (the spec's ``JobIntrospection``)."""
+
+    def __init__(
+        self,
+        driver: JobDriver,
+        jobs: Sequence[Job[Any, Any]],
+        *,
+        ids: IdSource | None = None,
+    ) -> None:
+        self.driver = driver
+        self.handles: dict[str, Job[Any, Any]] = check_job_list(jobs)
+        self.ids: IdSource = ids if ids is not None else UuidSource()
+        self._pending_driver: JobDriver | None = None
+
+    def __repr__(self) -> str:
+        return f"<Jobs driver={self.driver.name!r} jobs={len(self.handles)}>"
+
+    def handle(self, name: str) -> Job[Any, Any] | None:
+        return self.handles.get(name)
+
+    def register(self, handle: Job[Any, Any]) -> None:
+        """Add a job handle after ``open_jobs`` (a worker serving it needs it here)."""
+        self.handles = check_job_list([*self.handles.values(), handle])
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Open a transaction that enqueues and ``publish_event`` join.
+
+        Nested calls join the outer transaction."""
+        outer = _ambient.tx_var.get()
+        if outer is not None and outer.jobs is self:
+            yield outer
+            return
+        _ambient.check_not_aborted()
+        async with self.driver.transaction() as driver_tx:
+            tx = Transaction(self, driver_tx)
+            token = _ambient.tx_var.set(tx)
+            try:
+                yield tx
+            finally:
+                _ambient.tx_var.reset(token)
+
+    # ------------------------------------------------------------------ events
+
+    async def publish_event(self, event: str, payload: Any) -> None:
+        await publish_event(event, payload)
+
+    # ------------------------------------------------------------------ operator surface
+
+    def _introspect(self) -> JobIntrospection:
+        intro = self.driver.introspect
+        if intro is None:
+            raise JobsError(
+                ErrorCode.X_NOT_IMPLEMENTED,
+                f"the {self.driver.name} driver has no operator surface; use postgres_driver() "
+                "(or memory_driver() in a test)",
+            )
+        return intro
+
+    async def show(self, job_id: str) -> JobView:
+        """One job: state, attempts, keys, error, progress, result and its steps."""
+        return await self._introspect().show(_job_id(job_id))
+
+    async def list(
+        self,
+        *,
+        queue: str | None = None,
+        name: str | None = None,
+        state: str | None = None,
+        tenant_id: str | None = None,
+        id_prefix: str | None = None,
+        created_from: datetime | float | None = None,
+        created_to: datetime | float | None = None,
+        limit: int = 50,
+        after: str | None = None,
+        before: str | None = None,
+    ) -> JobPage:
+        """A keyset page of jobs, newest first (``limit`` at most ``MAX_JOB_PAGE``)."""
+        return await self._introspect().list(
+            ListFilter(
+                queue=queue,
+                name=name,
+                state=state,
+                tenant_id=tenant_id,
+                id_prefix=id_prefix,
+                created_from=_epoch(created_from),
+                created_to=_epoch(created_to),
+                limit=limit,
+                after=after,
+                before=before,
+            )
+        )
+
+    async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
+        """Requeue a finished job; completed steps replay from storage."""
+        return await self._introspect().requeue(_job_id(job_id), from_step)
+
+    retry = requeue
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
+        """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
+        return await self._introspect().cancel(_job_id(job_id), reason)
+
+    async def remove(self, job_id: str) -> None:
+        await self._introspect().remove(_job_id(job_id))
+
+    async def remove_many(
+        self,
+        *,
+        state: str,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> BulkResult:
+        return await self._introspect().remove_many(BulkFilter(state, queue, name, tenant_id))
+
+    async def requeue_many(
+        self,
+        *,
+        state: str,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> BulkResult:
+        return await self._introspect().requeue_many(BulkFilter(state, queue, name, tenant_id))
+
+    async def promote(self, job_id: str) -> JobView:
+        return await self._introspect().promote(_job_id(job_id))
+
+    async def promote_many(
+        self,
+        *,
+        state: str,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> BulkResult:
+        return await self._introspect().promote_many(BulkFilter(state, queue, name, tenant_id))
+
+    async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
+        """Resolve a ``once`` step whose outcome is unknown: it ran (with ``output``)
+        or it did not (it runs again on the next attempt)."""
+        form = payload_form(
+            output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
+        )
+        await self._introspect().resolve_step(_job_id(job_id), step, ran=ran, output=form)
+
+    async def pause_queue(self, queue: str) -> None:
+        await self._introspect().pause_queue(queue)
+
+    async def resume_queue(self, queue: str) -> None:
+        await self._introspect().resume_queue(queue)
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return await self._introspect().paused_queues()
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        return await self._introspect().workers()
+
+    async def counters(
+        self, job: Job[Any, Any] | str | None = None, since: datetime | float = 0.0
+    ) -> builtins.list[CounterRow]:
+        name = job.name if isinstance(job, Job) else job
+        return await self._introspect().counters(name, _epoch(since) or 0.0)
+
+    async def stats(self) -> builtins.list[QueueStats]:
+        return await self.driver.stats()
+
+
+def _job_id(value: object) -> str:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str):
+        raise JobsError(ErrorCode.X_ID_INVALID, "a job id is a lowercase uuid string")
+    return value.lower()
+
+
+def _epoch(value: datetime | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise JobsError(ErrorCode.X_INVARIANT, "pass an aware datetime (with a tzinfo)")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JobsError(ErrorCode.X_INVARIANT, "pass a datetime or epoch seconds")
+    return float(value)
+
+
+@contextlib.asynccontextmanager
+async def open_jobs(
+    driver: JobDriver | None = None,
+    *,
+    jobs: Sequence[Job[Any, Any]] = (),
+    ids: IdSource | None = None,
+) -> AsyncIterator[Jobs]:
+    """Open ``driver`` and install the ambient facade for the block.
+
+    ``enqueue`` anywhere under it (request handler, job body, script, test)
+    resolves this facade. Leaving the block closes the driver.
+    """
+    if driver is None:
+        if not _default_driver:
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "open_jobs needs a driver: open_jobs(memory_driver(), jobs=[...]) or "
+                "set_job_driver(driver) first",
+            )
+        driver = _default_driver[0]
+    if not _is_driver(driver):
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID, "open_jobs takes a driver, e.g. memory_driver()"
+        )
+    facade = Jobs(driver, jobs, ids=ids)
+    await driver.open()
+    token = _ambient.facade_var.set(facade)
+    try:
+        yield facade
+    finally:
+        _ambient.facade_var.reset(token)
+        import trio
+
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await driver.close()
+            if facade._pending_driver is not None and facade._pending_driver is not driver:
+                await facade._pending_driver.close()
+
+
+def current_jobs() -> Jobs:
+    """The ambient facade, or ``X_CONFIG_INVALID`` saying how to install one."""
+    facade = _ambient.facade_var.get()
+    if facade is None:
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            "no jobs facade is installed here; wrap the code in `async with open_jobs(driver, jobs=[...])` "
+            "(or open_harness() in a test)",
+        )
+    return facade
+
+
+async def _driver_of(facade: Jobs) -> JobDriver:
+    pending = facade._pending_driver
+    if pending is not None and pending is not facade.driver:
+        await pending.open()
+        facade.driver = pending
+        facade._pending_driver = None
+    return facade.driver
+
+
+def _run_id(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and str(parsed) == value:
+            return value
+    raise JobsError(
+        ErrorCode.X_ID_INVALID,
+        "run_id must be a lowercase canonical uuid (str or uuid.UUID); nothing was queued",
+    )
+
+
+async def enqueue_inputs(
+    handle: Job[Any, Any],
+    inputs: Sequence[Any],
+    *,
+    run_ids: Sequence[Any],
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> list[Enqueued]:
+    """The one enqueue implementation: every refusal before the first write."""
+    facade = current_jobs()
+    _ambient.check_not_aborted()
+    if len(inputs) > MAX_ENQUEUE_BATCH:
+        raise JobsError(
+            ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
+            f"enqueue_many takes at most {MAX_ENQUEUE_BATCH} inputs, got {len(inputs)}; page the source",
+        )
+    if delay is not None and run_at is not None:
+        raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
+    delay_s = parse_duration(delay, field="delay", allow_zero=True) if delay is not None else None
+    run_at_s = _epoch(run_at)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise JobsError(ErrorCode.X_INVARIANT, "priority must be an int (lower runs first)")
+    if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
+        raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
+
+    explicit_actor = actor is not _MISSING
+    actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
+    if explicit_actor and actor is not None and not isinstance(actor, Actor):
+        raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
+    cross = _ambient.cross_tenant_var.get() is not None
+
+    requests: list[EnqueueRequest] = []
+    for index, raw in enumerate(inputs):
+        rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
+        value = handle.parse(raw)
+        payload = handle._payload(value)
+        # Round trip: what the worker will parse must parse.
+        handle.parse(payload)
+        key = handle.idempotency_key_for(value)
+        ckey = handle.concurrency_key_for(value)
+        declared = handle.tenant_of(value)
+        row_tenant = declared
+        if tenant_id is not None:
+            if declared is not None and declared != tenant_id:
+                raise _mismatch(handle, "tenant_id=")
+            row_tenant = tenant_id
+        if explicit_actor:
+            org = actor_obj.org_id if actor_obj is not None else None
+            if org is not None:
+                if declared is not None and declared != org:
+                    raise _mismatch(handle, "the actor passed to enqueue_as")
+                row_tenant = org
+        elif actor_obj is not None and actor_obj.org_id is not None and not cross:
+            if declared is not None and declared != actor_obj.org_id:
+                raise _mismatch(handle, "the ambient actor")
+        requests.append(
+            EnqueueRequest(
+                id=facade.ids.new_id(),
+                run_id=rid or facade.ids.new_id(),
+                name=handle.name,
+                queue=handle.queue,
+                payload=payload,
+                idempotency_key=key,
+                max_attempts=handle.max_attempts,
+                tenant_id=row_tenant,
+                concurrency_key=ckey,
+                priority=priority,
+                run_at=run_at_s,
+                delay=delay_s,
+                actor=actor_obj.to_json() if actor_obj is not None else None,
+            )
+        )
+    if not requests:
+        return []
+    driver = await _driver_of(facade)
+    tx = _ambient.tx_var.get()
+    results = []
+    for start in range(0, len(requests), ENQUEUE_CHUNK):
+        chunk = requests[start : start + ENQUEUE_CHUNK]
+        if tx is not None and tx.jobs is facade:
+            got = await tx.driver_tx.enqueue_many(chunk)
+        else:
+            got = await driver.enqueue_many(chunk)
+        results.extend(got)
+    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+
+
+def _mismatch(handle: Job[Any, Any], source: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_JOB_TENANT_MISMATCH,
+        f"{handle.name}: the input's declared tenant differs from the tenant of {source}; "
+        "nothing was queued (use cross_tenant(reason) for an ambient actor holding tenancy:cross)",
+        meta={"job": handle.name},
+    )
+
+
+async def publish_event(event: str, payload: Any) -> None:
+    """Publish an event to the runs waiting for it; joins the ambient transaction."""
+    facade = current_jobs()
+    _ambient.check_not_aborted()
+    if not isinstance(event, str) or not event or len(event) > 200:
+        raise JobsError(
+            ErrorCode.X_INVARIANT, "an event name is a non-empty string of at most 200 characters"
+        )
+    form = payload_form(
+        payload, what=f"the payload of event {event!r}", code=ErrorCode.X_JOB_EVENT_INVALID
+    )
+    tx = _ambient.tx_var.get()
+    if tx is not None and tx.jobs is facade:
+        await tx.driver_tx.publish(event, form)
+        return
+    driver = await _driver_of(facade)
+    await driver.events.publish(event, form)
+
+
+__all__ += ["enqueue_inputs", "MAX_BULK_ROWS"]

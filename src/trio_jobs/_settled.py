@@ -1,0 +1,31 @@
+"""How a run ended: the value ``on_settled`` receives."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+__all__ = ["Outcome", "Settled"]
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    DEAD_LETTERED = "dead-lettered"
+    DROPPED = "dropped"
+    REFUSED = "refused"
+
+
+@attrs.frozen
+class Settled:
+    """``outcome``; ``input`` (``None`` when the stored payload no longer parses);
+    ``result`` (what the body returned, ``None`` unless completed); ``error`` (the
+    row's ``last_error``); ``code`` (its ``X_*`` code or ``None``)."""
+
+    outcome: Outcome
+    job_id: str
+    input: Any = None
+    result: Any = None
+    error: str | None = None
+    code: str | None = None

@@ -1,0 +1,139 @@
+"""Durations, clocks, id and jitter sources.
+
+Nothing else in ``src/`` reads the wall clock, draws randomness or makes a
+uuid: these sources are injected, so the harness and the simulation drive them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+import uuid
+from datetime import timedelta
+from typing import Protocol
+
+import trio
+
+from .errors import ErrorCode, JobsError
+
+__all__ = [
+    "Clock",
+    "Duration",
+    "IdSource",
+    "JitterSource",
+    "SystemClock",
+    "TrioClock",
+    "parse_duration",
+]
+
+Duration = str | int | float | timedelta
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration(value: object, *, field: str = "duration", allow_zero: bool = False) -> float:
+    """Turn ``"250ms"``, ``"30s"``, ``"1m"``, ``"2h"``, ``"3d"``, a ``timedelta`` or a
+    number of seconds into float seconds.
+
+    A non-positive value is refused (``<= 0`` would read as "no ceiling"), unless
+    ``allow_zero``. Raises ``JobsError(X_CONFIG_INVALID)`` naming ``field``.
+    """
+    seconds: float
+    if isinstance(value, bool):
+        raise _bad(field, "a bool is not a duration")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match is None:
+            raise _bad(field, 'write it as "250ms", "30s", "1m", "2h", "3d" or a number of seconds')
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        raise _bad(field, f"a {type(value).__name__} is not a duration")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise _bad(field, "it must be finite")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise _bad(field, "it must be positive")
+    return seconds
+
+
+def _bad(field: str, why: str) -> JobsError:
+    return JobsError(ErrorCode.X_CONFIG_INVALID, f"{field} is not a valid duration: {why}")
+
+
+class Clock(Protocol):
+    """A source of the current time as float seconds since the Unix epoch."""
+
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    """The wall clock. The one place the library reads ``time.time()``."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+class TrioClock:
+    """Epoch seconds that move with Trio's clock.
+
+    Anchored to the wall clock once, then advanced by ``trio.current_time()``, so
+    under ``MockClock`` (pytest-trio's ``autojump_clock``) due times, backoffs and
+    lease expiry move with virtual time. Outside a Trio run it reads the anchor
+    plus the offset only.
+    """
+
+    def __init__(self, origin: float | None = None) -> None:
+        self._origin = SystemClock().now() if origin is None else origin
+        self._trio_zero: float | None = None
+        self._offset = 0.0
+
+    def _trio_now(self) -> float:
+        try:
+            current = trio.current_time()
+        except RuntimeError:
+            return 0.0
+        if self._trio_zero is None:
+            self._trio_zero = current
+        return current - self._trio_zero
+
+    def now(self) -> float:
+        return self._origin + self._offset + self._trio_now()
+
+    def shift(self, seconds: float) -> None:
+        """Move this clock by ``seconds`` without touching Trio's (tests, skew)."""
+        self._offset += seconds
+
+
+class IdSource(Protocol):
+    """Makes lowercase canonical uuids."""
+
+    def new_id(self) -> str: ...
+
+
+class UuidSource:
+    """uuid4 ids, or a seeded deterministic stream for the simulation."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed) if seed is not None else None
+
+    def new_id(self) -> str:
+        if self._rng is None:
+            return str(uuid.uuid4())
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+
+class JitterSource(Protocol):
+    """Returns a float in ``[0, 1)``."""
+
+    def random(self) -> float: ...
+
+
+def default_jitter(seed: int | None = None) -> JitterSource:
+    """A jitter source: ``random.Random(seed)`` (system entropy when ``seed`` is None)."""
+    return random.Random(seed)

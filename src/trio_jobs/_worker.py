@@ -1,0 +1,1134 @@
+"""The worker: a nursery of slots per queue, one claimer, one heartbeat task.
+
+Each held job runs in a task of the worker's nursery (a slot). Its cancel
+scope carries the job's ``timeout``, the drain and cancellation; the slot
+records *why* it cancels on ``ctx.signal`` before cancelling, and turns that
+reason into the spec's outcome once the body has stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from . import _ambient
+from ._context import (
+    COMPENSATE_PREFIX,
+    RESERVED_STEP,
+    WRITE_BUDGET,
+    BoundaryHook,
+    Handback,
+    JobContext,
+    LeaseLost,
+    ReplayStop,
+    RunState,
+    Signal,
+    _call,
+    _describe,
+)
+from ._declare import Job
+from ._facade import Actor, Jobs
+from ._retry import backoff_delay, retry_after_delay
+from ._serialization import UnserializableError, json_form
+from ._settled import Outcome, Settled
+from ._time import Duration, JitterSource, default_jitter, parse_duration
+from .drivers._protocol import (
+    AckOptions,
+    ClaimedJob,
+    ClaimOptions,
+    Exhausted,
+    HeartbeatRequest,
+    HeartbeatStatus,
+    NackOptions,
+    StepRecord,
+    WorkerInfo,
+)
+from .errors import ErrorCode, JobsError, retry_class_of
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("trio_jobs")
+
+#: How often progress is written at most, per run.
+PROGRESS_INTERVAL = 1.0
+#: Attempts of an ``on_settled`` hook.
+ON_SETTLED_TRIES = 3
+
+
+@attrs.frozen
+class WorkerStats:
+    """A snapshot of one worker: slots in use, capacity, and what it settled."""
+
+    in_flight: int
+    capacity: int
+    max_in_flight: int | None
+    done: int
+    retried: int
+    dead_lettered: int
+    failed: int
+    drained: int
+    leases_lost: int
+    abandoned: int
+
+
+class _Held:
+    __slots__ = ("abandoned", "abort_at", "claimed", "handle", "last_landed", "state")
+
+    def __init__(self, claimed: ClaimedJob, now: float) -> None:
+        self.claimed = claimed
+        self.state: RunState | None = None
+        self.abort_at: float | None = None
+        self.abandoned = False
+        self.last_landed = now
+        self.handle: Job[Any, Any] | None = None
+
+    def abort(self, code: ErrorCode, message: str) -> None:
+        if self.state is not None:
+            if self.state.signal.abort(code, message) and self.abort_at is None:
+                self.abort_at = trio.current_time()
+        elif self.abort_at is None:
+            self.abort_at = trio.current_time()
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _log(level: int, event: str, **fields: Any) -> None:
+    log.log(level, event, extra={"event": event, **fields})
+
+
+class Worker:
+    """Claims jobs of the facade's handles and runs each in a slot.
+
+    ``concurrency`` is the worker's slots per queue (an ``int`` gives every
+    served queue that many); a job's own ``concurrency`` is the fleet-wide cap,
+    enforced on top. ``max_in_flight`` caps the whole process.
+
+    >>> async with trio.open_nursery() as nursery:
+    ...     await nursery.start(worker.run)   # returns once the worker is claiming
+    ...     await worker.drain()              # what SIGTERM does
+    """
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | Mapping[str, int] = 8,
+        max_in_flight: int | None = None,
+        poll_interval: Duration = "250ms",
+        idle_poll_max: Duration = "2s",
+        visibility_timeout: Duration = "30s",
+        drain_timeout: Duration = "30s",
+        heartbeat_interval: Duration | None = None,
+        worker_id: str | None = None,
+        jitter: JitterSource | None = None,
+        boundary: BoundaryHook | None = None,
+        event_poll: Duration | None = None,
+    ) -> None:
+        if not isinstance(jobs, Jobs):
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID, "Worker(jobs) takes the facade open_jobs yielded"
+            )
+        self.jobs = jobs
+        if queues is None:
+            queues = sorted({h.queue for h in jobs.handles.values()}) or ["default"]
+        if (
+            isinstance(queues, str)
+            or not queues
+            or not all(isinstance(q, str) and q for q in queues)
+        ):
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID, "queues must be a non-empty list of queue names"
+            )
+        self.queues: list[str] = list(dict.fromkeys(queues))
+        self.slots: dict[str, int] = {}
+        for q in self.queues:
+            n = concurrency.get(q, 0) if isinstance(concurrency, Mapping) else concurrency
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise JobsError(
+                    ErrorCode.X_CONFIG_INVALID,
+                    f"concurrency for queue {q!r} must be a whole number, 1 or more",
+                )
+            self.slots[q] = n
+        if max_in_flight is not None and (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 1
+        ):
+            code = ErrorCode.X_INVARIANT if max_in_flight == 0 else ErrorCode.X_CONFIG_INVALID
+            raise JobsError(
+                code, "max_in_flight must be a whole number, 1 or more (or None for no cap)"
+            )
+        self.max_in_flight = max_in_flight
+        self.poll_interval = parse_duration(poll_interval, field="poll_interval")
+        self.idle_poll_max = parse_duration(idle_poll_max, field="idle_poll_max")
+        self.visibility_timeout = parse_duration(visibility_timeout, field="visibility_timeout")
+        self.drain_timeout = parse_duration(drain_timeout, field="drain_timeout", allow_zero=True)
+        self.heartbeat_interval = (
+            parse_duration(heartbeat_interval, field="heartbeat_interval")
+            if heartbeat_interval is not None
+            else self.visibility_timeout / 3.0
+        )
+        if self.heartbeat_interval >= self.visibility_timeout:
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "heartbeat_interval must be shorter than visibility_timeout",
+            )
+        self.event_poll = (
+            parse_duration(event_poll, field="event_poll") if event_poll is not None else None
+        )
+        self.id = worker_id if worker_id is not None else jobs.ids.new_id()
+        self._jitter = jitter if jitter is not None else default_jitter()
+        self._boundary = boundary
+        self._held: dict[str, _Held] = {}
+        self._in_flight: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self._rotation = 0
+        self._started = False
+        self._stopping = False
+        self._draining = False
+        self._finished = trio.Event() if _in_trio() else None
+        self._slot_freed: trio.Event | None = None
+        self._wait_scope: trio.CancelScope | None = None
+        self._idle: trio.Event | None = None
+        self._counts = dict.fromkeys(
+            ("done", "retried", "dead_lettered", "failed", "drained", "leases_lost", "abandoned"), 0
+        )
+        self._started_at = 0.0
+
+    # ------------------------------------------------------------------ public
+
+    def stats(self) -> WorkerStats:
+        capacity = sum(self.slots.values())
+        if self.max_in_flight is not None:
+            capacity = min(capacity, self.max_in_flight)
+        return WorkerStats(
+            in_flight=len(self._held),
+            capacity=capacity,
+            max_in_flight=self.max_in_flight,
+            **self._counts,
+        )
+
+    @property
+    def driver(self) -> Any:
+        return self.jobs.driver
+
+    def _check_capabilities(self) -> None:
+        if self.driver.leases is None:
+            capped = sorted(
+                h.name
+                for h in self.jobs.handles.values()
+                if h.concurrency is not None and h.queue in self.queues
+            )
+            if capped:
+                raise JobsError(
+                    ErrorCode.X_JOB_CONCURRENCY_UNENFORCEABLE,
+                    f"the {self.driver.name} driver has no lease store, so it cannot hold a fleet-wide "
+                    f"concurrency cap; these jobs declare one: {', '.join(capped)}",
+                    meta={"jobs": capped},
+                )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run jobs until :meth:`drain` or :meth:`stop`; returns normally
+        after either. Cancelling the scope around it is a drain with no budget."""
+        await self._serve(task_status=task_status, until_quiet=False)
+
+    async def run_until_quiet(self) -> None:
+        """Claim and run every due job until nothing is due and nothing is held
+        (the harness and the simulation use this)."""
+        await self._serve(task_status=trio.TASK_STATUS_IGNORED, until_quiet=True)
+
+    async def drain(self) -> None:
+        """Abort every held job with ``X_DRAINING``, wait up to ``drain_timeout``
+        for the bodies, hand them back uncounted (or name them abandoned), and
+        return once :meth:`run` has returned. A no-op before ``run()`` started."""
+        if not self._started:
+            return
+        if not self._draining:
+            self._draining = True
+            self._stop_claiming()
+            for held in list(self._held.values()):
+                held.abort(
+                    ErrorCode.X_DRAINING, f"worker {self.id} is draining (SIGTERM or drain())"
+                )
+            with trio.move_on_after(self.drain_timeout):
+                await self._wait_idle()
+            for held in list(self._held.values()):
+                if not held.abandoned:
+                    held.abandoned = True
+                    self._counts["abandoned"] += 1
+                    _log(
+                        logging.WARNING,
+                        "jobs.drain.abandoned",
+                        job_id=held.claimed.id,
+                        attempt=held.claimed.attempt,
+                        code=ErrorCode.X_DRAINING,
+                    )
+        assert self._finished is not None
+        await self._finished.wait()
+
+    async def stop(self) -> None:
+        """Stop claiming and wait for held work without aborting it; then ``run()`` returns."""
+        if not self._started:
+            return
+        self._stop_claiming()
+        assert self._finished is not None
+        await self._finished.wait()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _stop_claiming(self) -> None:
+        self._stopping = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+
+    async def _wait_idle(self) -> None:
+        while self._held:
+            self._idle = trio.Event()
+            await self._idle.wait()
+
+    async def _serve(self, *, task_status: trio.TaskStatus[None], until_quiet: bool) -> None:
+        if self._started and not until_quiet:
+            raise JobsError(ErrorCode.X_CONFIG_INVALID, "a Worker runs once; make a new Worker")
+        self._check_capabilities()
+        self._started = True
+        if self._finished is None or self._finished.is_set():
+            self._finished = trio.Event()
+        self._stopping = False
+        self._started_at = self.driver.now()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._progress_loop)
+                task_status.started()
+                await self._claim_loop(nursery, until_quiet=until_quiet)
+                await self._wait_idle()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._finished.set()
+            intro = self.driver.introspect
+            if intro is not None and not until_quiet:
+                with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+                    try:
+                        await intro.remove_worker(self.id)
+                    except Exception:
+                        pass
+
+    def _room(self) -> dict[str, int]:
+        free = {q: self.slots[q] - self._in_flight[q] for q in self.queues}
+        total = sum(max(0, n) for n in free.values())
+        if self.max_in_flight is not None:
+            total = min(total, self.max_in_flight - len(self._held))
+        if total <= 0:
+            return {}
+        order = self.queues[self._rotation :] + self.queues[: self._rotation]
+        self._rotation = (self._rotation + 1) % len(self.queues)
+        want: dict[str, int] = {}
+        left = len(order)
+        for q in order:
+            share = min(max(0, free[q]), math.ceil(total / left))
+            left -= 1
+            if share > 0:
+                want[q] = share
+                total -= share
+        return want
+
+    async def _claim_loop(self, nursery: trio.Nursery, *, until_quiet: bool) -> None:
+        delay = self.poll_interval
+        drop = frozenset(h.name for h in self.jobs.handles.values() if not h.retry.dead_letter)
+        while not self._stopping:
+            want = self._room()
+            if not want:
+                self._slot_freed = trio.Event()
+                await self._slot_freed.wait()
+                continue
+            try:
+                result = await self.driver.claim(
+                    ClaimOptions(
+                        worker_id=self.id,
+                        queues=want,
+                        visibility_timeout=self.visibility_timeout,
+                        drop_names=drop,
+                    )
+                )
+            except JobsError as exc:
+                _log(logging.WARNING, "jobs.claim.failed", code=exc.code, worker_id=self.id)
+                await self._idle_wait(delay)
+                delay = min(delay * 2, self.idle_poll_max)
+                continue
+            for ex in result.exhausted:
+                nursery.start_soon(self._exhausted, ex)
+            now = trio.current_time()
+            for claimed in result.jobs:
+                held = _Held(claimed, now)
+                self._held[claimed.id] = held
+                self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
+                nursery.start_soon(self._slot, held)
+            if result.jobs:
+                delay = self.poll_interval
+                if len(result.jobs) < sum(want.values()) and not until_quiet:
+                    await self._idle_wait(self.poll_interval)
+                else:
+                    await trio.lowlevel.checkpoint()
+                continue
+            if until_quiet:
+                if not self._held and not result.exhausted:
+                    return
+                self._slot_freed = trio.Event()
+                await self._slot_freed.wait()
+                continue
+            await self._idle_wait(delay)
+            delay = min(delay * 2, self.idle_poll_max)
+
+    async def _idle_wait(self, timeout: float) -> None:
+        with trio.CancelScope() as scope:
+            self._wait_scope = scope
+            if self._stopping:
+                return
+            wake = self.driver.wake
+            if wake is not None:
+                await wake.wait(self.queues, timeout)
+            else:
+                await trio.sleep(timeout)
+        self._wait_scope = None
+
+    # ------------------------------------------------------------------ service tasks
+
+    async def _heartbeat_loop(self) -> None:
+        intro = self.driver.introspect
+        while True:
+            if intro is not None:
+                try:
+                    await intro.record_worker(self._info(), self.visibility_timeout)
+                except Exception:
+                    pass
+            await trio.sleep(self.heartbeat_interval)
+            await self._beat(progress_only=False)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await trio.sleep(PROGRESS_INTERVAL)
+            if any(h.state is not None and h.state.progress_dirty for h in self._held.values()):
+                await self._beat(progress_only=True)
+
+    def _info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=self._started_at,
+            queues=list(self.queues),
+            slots=dict(self.slots),
+            in_flight=list(self._held),
+        )
+
+    async def _beat(self, *, progress_only: bool) -> None:
+        now = trio.current_time()
+        batch: list[_Held] = []
+        for held in list(self._held.values()):
+            if held.abandoned:
+                continue
+            state = held.state
+            if state is not None and state.signal.reason is not None:
+                if held.abort_at is None:
+                    held.abort_at = now
+                if now - held.abort_at > self.drain_timeout:
+                    # The body ignores its abort: stop renewing so the lease lapses
+                    # and the queue redelivers the job (the attempt is counted).
+                    held.abandoned = True
+                    self._counts["abandoned"] += 1
+                    continue
+            if progress_only and (state is None or not state.progress_dirty):
+                continue
+            batch.append(held)
+        if not batch:
+            return
+        requests = []
+        for held in batch:
+            progress = None
+            if held.state is not None and held.state.progress_dirty:
+                progress = held.state.progress
+                held.state.progress_dirty = False
+                held.state.progress_written_at = now
+            requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
+        statuses: list[str] | None = None
+        with trio.move_on_after(self.heartbeat_interval):
+            try:
+                statuses = await self.driver.heartbeat(requests, self.visibility_timeout)
+            except Exception:
+                statuses = None
+        if statuses is None:
+            for held in batch:
+                _log(
+                    logging.WARNING,
+                    "jobs.heartbeat.failed",
+                    job_id=held.claimed.id,
+                    attempt=held.claimed.attempt,
+                    worker_id=self.id,
+                )
+                if trio.current_time() - held.last_landed >= self.visibility_timeout:
+                    self._lease_lost(held)
+            return
+        landed = trio.current_time()
+        for held, status in zip(batch, statuses, strict=True):
+            if status == HeartbeatStatus.OK:
+                held.last_landed = landed
+            elif status == HeartbeatStatus.CANCELLED:
+                held.abort(ErrorCode.X_ABORTED, "an operator cancelled the job")
+            else:
+                self._lease_lost(held)
+
+    def _lease_lost(self, held: _Held) -> None:
+        if (
+            held.state is not None
+            and held.state.signal.reason is not None
+            and held.state.signal.reason.code == ErrorCode.X_JOB_LEASE_LOST
+        ):
+            return
+        self._counts["leases_lost"] += 1
+        _log(
+            logging.ERROR,
+            "jobs.lease.lost",
+            job_id=held.claimed.id,
+            attempt=held.claimed.attempt,
+            queue=held.claimed.queue,
+            code=ErrorCode.X_JOB_LEASE_LOST,
+            worker_id=self.id,
+        )
+        held.abort(
+            ErrorCode.X_JOB_LEASE_LOST, "the job's lease lapsed: another worker may hold it now"
+        )
+        if held.state is not None:
+            held.state.lost = True
+
+    # ------------------------------------------------------------------ a slot
+
+    async def _slot(self, held: _Held) -> None:
+        try:
+            await self._execute(held)
+        except trio.Cancelled:
+            raise
+        except Exception:
+            log.exception(
+                "jobs.worker.slot-failed",
+                extra={"event": "jobs.worker.slot-failed", "job_id": held.claimed.id},
+            )
+        finally:
+            self._held.pop(held.claimed.id, None)
+            self._in_flight[held.claimed.queue] -= 1
+            if self._slot_freed is not None:
+                self._slot_freed.set()
+            if not self._held and self._idle is not None:
+                self._idle.set()
+
+    async def _execute(self, held: _Held) -> None:
+        claimed = held.claimed
+        handle = self.jobs.handle(claimed.name)
+        held.handle = handle
+        if handle is None:
+            await self._fail(
+                held,
+                None,
+                JobsError(
+                    ErrorCode.X_CONFIG_INVALID,
+                    f"no job named {claimed.name!r} is registered with this worker; pass it in open_jobs(jobs=[...])",
+                ),
+                None,
+                None,
+            )
+            return
+        try:
+            value = handle.parse(claimed.payload)
+        except JobsError as exc:
+            await self._fail(held, handle, exc, None, None)
+            return
+        if claimed.tenant_id is not None:
+            try:
+                declared = handle.tenant_of(value)
+            except JobsError as exc:
+                await self._fail(held, handle, exc, value, None)
+                return
+            if declared is not None and declared != claimed.tenant_id:
+                await self._fail(
+                    held,
+                    handle,
+                    JobsError(
+                        ErrorCode.X_JOB_TENANT_MISMATCH,
+                        f"{handle.name}: the row's tenant differs from the tenant its input declares; "
+                        "refused before the body ran",
+                    ),
+                    value,
+                    None,
+                )
+                return
+        if handle.concurrency is not None:
+            if not await self._take_lease(held, handle, value):
+                return
+        try:
+            steps = (
+                list(claimed.steps)
+                if claimed.steps is not None
+                else await self.driver.steps.load(claimed.id)
+            )
+        except JobsError:
+            await self._nack(
+                held,
+                NackOptions(
+                    fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
+                ),
+            )
+            return
+        unwinding = any(r.name == RESERVED_STEP for r in steps) or (
+            handle.compensates and claimed.attempt > handle.retry.attempts
+        )
+        state = RunState(
+            jobs=self.jobs,
+            driver=self.driver,
+            handle=handle,
+            claimed=claimed,
+            input=value,
+            steps=steps,
+            unwinding=unwinding,
+            boundary=self._boundary,
+            event_poll=self.event_poll or float(getattr(self.driver, "event_poll_default", 30.0)),
+        )
+        held.state = state
+        if held.abort_at is not None:
+            # Aborted (a drain) between the claim and now.
+            state.signal.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining")
+        if unwinding:
+            await self._unwind(held, handle, state, None)
+            return
+        ctx: JobContext[Any] = JobContext(state)
+        started = trio.current_time()
+        result, body_exc, handback = await self._guarded(held, state, lambda: handle.run(ctx))
+        if await self._aborted_verdict(held, handle, state, body_exc):
+            return
+        duration = trio.current_time() - started
+        if handback is not None:
+            await self._nack(
+                held,
+                NackOptions(
+                    fence=claimed.fence,
+                    state=handback.state,  # type: ignore[arg-type]
+                    counted=False,
+                    run_at=handback.run_at,
+                    waiting_event=handback.waiting_event,
+                    progress=state.progress,
+                    duration=duration,
+                ),
+            )
+            return
+        timeout_reason = state.signal.reason
+        if timeout_reason is not None and timeout_reason.code == ErrorCode.X_JOB_TIMEOUT:
+            await self._fail(held, handle, timeout_reason, value, state)
+            return
+        if body_exc is not None:
+            await self._fail(held, handle, body_exc, value, state)
+            return
+        try:
+            output = json_form(result)
+        except UnserializableError as err:
+            await self._fail(
+                held,
+                handle,
+                JobsError(
+                    ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
+                    f"{handle.name} returned a value with no JSON form ({err}); return plain data",
+                ),
+                value,
+                state,
+            )
+            return
+        await state.hit("before-settle", None)
+        landed = await self._settle_write(
+            self.driver.ack(
+                claimed.id,
+                AckOptions(
+                    fence=claimed.fence, result=output, duration=duration, progress=state.progress
+                ),
+            )
+        )
+        if landed:
+            self._counts["done"] += 1
+            await self._on_settled(
+                handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
+            )
+        else:
+            self._unowned(held)
+
+    async def _take_lease(self, held: _Held, handle: Job[Any, Any], value: Any) -> bool:
+        claimed = held.claimed
+        try:
+            ckey = handle.concurrency_key_for(value)
+        except Exception as exc:
+            await self._fail(held, handle, exc, value, None)
+            return False
+        leases = self.driver.leases
+        assert leases is not None
+        assert handle.concurrency is not None
+        try:
+            grant = await leases.acquire(
+                handle.lease_key(ckey),
+                handle.concurrency,
+                claimed.id,
+                claimed.fence,
+                self.visibility_timeout,
+            )
+        except JobsError:
+            await self._nack(
+                held,
+                NackOptions(
+                    fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
+                ),
+            )
+            return False
+        if grant.slot is not None:
+            return True
+        if handle.when_busy == "fail" and not grant.own:
+            message = (
+                f"{ErrorCode.X_JOB_KEY_BUSY}: another run holds this job's concurrency key; "
+                "the body never ran — `trio-jobs retry ID` re-queues it"
+            )
+            landed = await self._settle_write(
+                self.driver.nack(
+                    claimed.id,
+                    NackOptions(
+                        fence=claimed.fence,
+                        state="failed",
+                        counted=True,
+                        error_code=ErrorCode.X_JOB_KEY_BUSY,
+                        last_error=message,
+                    ),
+                )
+            )
+            if landed:
+                self._counts["failed"] += 1
+                await self._on_settled(
+                    handle,
+                    held,
+                    Settled(
+                        Outcome.REFUSED, claimed.id, value, None, message, ErrorCode.X_JOB_KEY_BUSY
+                    ),
+                )
+            return False
+        # 'wait' (or our own leftover lease): stay queued one poll, attempt uncounted.
+        await self._nack(
+            held,
+            NackOptions(
+                fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
+            ),
+        )
+        return False
+
+    async def _guarded(
+        self, held: _Held, state: RunState, fn: Callable[[], Any]
+    ) -> tuple[Any, BaseException | None, Handback | None]:
+        """Run ``fn`` in the run's cancel scope with the ambient context set."""
+        handle = state.handle
+        deadline = trio.current_time() + handle.timeout if handle.timeout is not None else math.inf
+        result: Any = None
+        exc: BaseException | None = None
+        handback: Handback | None = None
+        tokens = (
+            _ambient.run_var.set(state),
+            _ambient.facade_var.set(self.jobs),
+            _ambient.actor_var.set(Actor.from_json(state.claimed.actor)),
+            _ambient.tx_var.set(None),
+        )
+        try:
+            with trio.CancelScope(deadline=deadline) as scope:
+                state.signal._attach(scope, deadline)
+                try:
+                    result = await _call(fn)
+                except Handback as hb:
+                    handback = hb
+                except (LeaseLost, ReplayStop):
+                    pass
+                except trio.Cancelled:
+                    raise
+                except BaseException as err:
+                    found = _unwrap(err)
+                    if isinstance(found, Handback):
+                        handback = found
+                    elif isinstance(found, LeaseLost | ReplayStop):
+                        pass
+                    elif isinstance(found, KeyboardInterrupt | SystemExit):
+                        raise
+                    else:
+                        exc = found
+        except trio.Cancelled:
+            # The worker's own scope is going away: a drain with no budget.
+            state.signal.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
+            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+                if not state.lost:
+                    await self._nack(
+                        held,
+                        NackOptions(
+                            fence=state.claimed.fence,
+                            state="ready",
+                            counted=False,
+                            progress=state.progress,
+                        ),
+                    )
+                    self._counts["drained"] += 1
+            raise
+        finally:
+            _ambient.run_var.reset(tokens[0])
+            _ambient.facade_var.reset(tokens[1])
+            _ambient.actor_var.reset(tokens[2])
+            _ambient.tx_var.reset(tokens[3])
+        return result, exc, handback
+
+    async def _aborted_verdict(
+        self, held: _Held, handle: Job[Any, Any], state: RunState, exc: BaseException | None
+    ) -> bool:
+        """Settle a run whose signal aborted for a reason that is not a failure."""
+        claimed = held.claimed
+        if held.abandoned:
+            how = "returned" if exc is None else f"raised {type(exc).__name__}"
+            _log(
+                logging.WARNING,
+                "jobs.timeout.abandoned",
+                job_id=claimed.id,
+                attempt=claimed.attempt,
+                how=how,
+                code=state.signal.reason.code if state.signal.reason else None,
+            )
+            return True
+        reason = state.signal.reason
+        if state.lost:
+            return True
+        if reason is None:
+            return False
+        if reason.code in (
+            ErrorCode.X_JOB_LEASE_LOST,
+            ErrorCode.X_ABORTED,
+            ErrorCode.X_JOB_SLOT_LOST,
+        ):
+            return True
+        if reason.code == ErrorCode.X_DRAINING:
+            await self._nack(
+                held,
+                NackOptions(
+                    fence=claimed.fence, state="ready", counted=False, progress=state.progress
+                ),
+            )
+            self._counts["drained"] += 1
+            return True
+        return False
+
+    # ------------------------------------------------------------------ settling
+
+    async def _settle_write(self, call: Any) -> bool:
+        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+            try:
+                return bool(await call)
+            except JobsError as exc:
+                _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
+                return False
+        return False
+
+    def _unowned(self, held: _Held) -> None:
+        _log(
+            logging.WARNING,
+            "jobs.settle.unowned",
+            job_id=held.claimed.id,
+            attempt=held.claimed.attempt,
+            worker_id=self.id,
+        )
+
+    async def _nack(self, held: _Held, options: NackOptions) -> bool:
+        landed = await self._settle_write(self.driver.nack(held.claimed.id, options))
+        if not landed:
+            self._unowned(held)
+        return landed
+
+    async def _fail(
+        self,
+        held: _Held,
+        handle: Job[Any, Any] | None,
+        error: BaseException,
+        value: Any,
+        state: RunState | None,
+    ) -> None:
+        claimed = held.claimed
+        error = _unwrap(error)
+        code = error.code if isinstance(error, JobsError) else None
+        klass = retry_class_of(code)
+        terminal = klass == "terminal"
+        attempts = handle.retry.attempts if handle is not None else claimed.max_attempts
+        message = _describe(error)
+        if terminal:
+            message += " — not retried: this code is classified terminal"
+        final = terminal or claimed.attempt >= attempts
+        if not final:
+            assert handle is not None or klass is None
+            retry = handle.retry if handle is not None else None
+            if klass == "retry-after" and isinstance(error, JobsError) and retry is not None:
+                delay = retry_after_delay(
+                    retry, float(error.meta.get("retry_after_seconds", retry.base))
+                )
+            elif retry is not None:
+                delay = backoff_delay(retry, claimed.attempt, self._jitter)
+            else:
+                delay = self.poll_interval
+            if await self._nack(
+                held,
+                NackOptions(
+                    fence=claimed.fence,
+                    state="ready",
+                    counted=True,
+                    delay=delay,
+                    error_code=code,
+                    last_error=message,
+                    progress=state.progress if state else None,
+                ),
+            ):
+                self._counts["retried"] += 1
+            return
+        if not terminal:
+            message += f" — {ErrorCode.X_JOB_MAX_ATTEMPTS}: gave up after {claimed.attempt} of {attempts} attempts"
+        if handle is not None and handle.compensates and state is not None and state.compensators:
+            await self._unwind(held, handle, state, (code, message))
+            return
+        await self._bury(held, handle, code, message, value, state)
+
+    async def _bury(
+        self,
+        held: _Held,
+        handle: Job[Any, Any] | None,
+        code: str | None,
+        message: str,
+        value: Any,
+        state: RunState | None,
+    ) -> None:
+        claimed = held.claimed
+        drop = handle is not None and not handle.retry.dead_letter
+        if state is not None:
+            await state.hit("before-settle", None)
+        landed = await self._nack(
+            held,
+            NackOptions(
+                fence=claimed.fence,
+                state="failed" if drop else "dead",
+                counted=True,
+                error_code=code,
+                last_error=message,
+                progress=state.progress if state else None,
+            ),
+        )
+        if not landed:
+            return
+        if drop:
+            self._counts["failed"] += 1
+        else:
+            self._counts["dead_lettered"] += 1
+        if handle is not None:
+            outcome = Outcome.DROPPED if drop else Outcome.DEAD_LETTERED
+            await self._on_settled(
+                handle, held, Settled(outcome, claimed.id, value, None, message, code)
+            )
+
+    async def _unwind(
+        self,
+        held: _Held,
+        handle: Job[Any, Any],
+        state: RunState,
+        original: tuple[str | None, str] | None,
+    ) -> None:
+        """Compensate, last-in first-out, a run that failed for good."""
+        claimed = held.claimed
+        try:
+            rec = state.records.get(RESERVED_STEP)
+            if rec is None:
+                if original is None:
+                    original = (
+                        ErrorCode.X_JOB_LEASE_LOST,
+                        f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt; unwinding",
+                    )
+                await state.put(
+                    StepRecord(
+                        name=RESERVED_STEP,
+                        status="completed",
+                        seq=state.seq_for(RESERVED_STEP),
+                        executions=1,
+                        output={"code": original[0], "error": original[1]},
+                    )
+                )
+            else:
+                out = rec.output if isinstance(rec.output, dict) else {}
+                original = (out.get("code"), str(out.get("error") or "failed"))
+            if not state.compensators:
+                # Replay the body only to re-register its compensators.
+                state.unwinding = True
+                ctx: JobContext[Any] = JobContext(state)
+                await self._guarded(held, state, lambda: handle.run(ctx))
+                if await self._aborted_verdict(held, handle, state, None):
+                    return
+        except LeaseLost:
+            return
+        code, message = original
+        if state.unknown_compensation is not None:
+            step = state.unknown_compensation
+            await self._bury(
+                held,
+                handle,
+                ErrorCode.X_JOB_COMPENSATION_FAILED,
+                f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: once step {step!r} has an unknown outcome, "
+                f"so its compensation cannot be decided; resolve the step, then retry. "
+                f"Original failure: {message}",
+                held.claimed and state.input,
+                state,
+            )
+            return
+        for comp in reversed(state.compensators):
+            cname = COMPENSATE_PREFIX + comp.step
+            crec = state.records.get(cname)
+            if crec is not None and crec.status == "completed":
+                continue
+            executions = (crec.executions if crec is not None else 0) + 1
+            seq = state.seq_for(cname)
+            await state.hit("compensate", comp.step)
+
+            async def call(comp: Any = comp) -> None:
+                await _call(comp.fn, comp.output)
+
+            _r, comp_exc, _hb = await self._guarded(held, state, call)
+            if await self._aborted_verdict(held, handle, state, comp_exc):
+                return
+            reason = state.signal.reason
+            if reason is not None and comp_exc is None:
+                comp_exc = reason
+            try:
+                if comp_exc is not None:
+                    exc = comp_exc
+                    await state.put(
+                        StepRecord(
+                            name=cname,
+                            status="failed",
+                            seq=seq,
+                            executions=executions,
+                            error=_describe(exc),
+                        )
+                    )
+                    if claimed.attempt < claimed.max_attempts:
+                        delay = backoff_delay(handle.retry, claimed.attempt, self._jitter)
+                        if await self._nack(
+                            held,
+                            NackOptions(
+                                fence=claimed.fence,
+                                state="ready",
+                                counted=True,
+                                delay=delay,
+                                error_code=code,
+                                last_error=f"{message}; compensation of step {comp.step!r} failed "
+                                f"({_describe(exc)}), retrying the unwind",
+                            ),
+                        ):
+                            self._counts["retried"] += 1
+                        return
+                    await self._bury(
+                        held,
+                        handle,
+                        ErrorCode.X_JOB_COMPENSATION_FAILED,
+                        f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: compensation of step {comp.step!r} failed "
+                        f"({_describe(exc)}); fix it, then `trio-jobs retry ID`. Original failure: {message}",
+                        state.input,
+                        state,
+                    )
+                    return
+                await state.put(
+                    StepRecord(name=cname, status="completed", seq=seq, executions=executions)
+                )
+            except LeaseLost:
+                return
+        await self._bury(held, handle, code, message, state.input, state)
+
+    async def _exhausted(self, ex: Exhausted) -> None:
+        _log(
+            logging.WARNING,
+            "jobs.claim.exhausted",
+            job_id=ex.id,
+            queue=ex.queue,
+            code=ex.error_code,
+            worker_id=self.id,
+        )
+        if ex.state == "dead":
+            self._counts["dead_lettered"] += 1
+        else:
+            self._counts["failed"] += 1
+        handle = self.jobs.handle(ex.name)
+        if handle is None:
+            return
+        try:
+            value = handle.parse(ex.payload)
+        except JobsError:
+            value = None
+        outcome = Outcome.DEAD_LETTERED if ex.state == "dead" else Outcome.DROPPED
+        await self._run_hook(
+            handle,
+            ex.tenant_id,
+            None,
+            Settled(outcome, ex.id, value, None, ex.last_error, ex.error_code),
+        )
+
+    async def _on_settled(self, handle: Job[Any, Any], held: _Held, settled: Settled) -> None:
+        await self._run_hook(handle, held.claimed.tenant_id, held.claimed.actor, settled)
+
+    async def _run_hook(
+        self, handle: Job[Any, Any], tenant_id: str | None, actor: Any, settled: Settled
+    ) -> None:
+        hook = handle.on_settled
+        if hook is None:
+            return
+        signal = Signal()
+        deadline = trio.current_time() + handle.on_settled_timeout
+        last: BaseException | None = None
+        tokens = (
+            _ambient.run_var.set(None),
+            _ambient.facade_var.set(self.jobs),
+            _ambient.actor_var.set(Actor.from_json(actor)),
+        )
+        try:
+            with trio.CancelScope(deadline=deadline) as scope:
+                signal._attach(scope, deadline)
+                for _try in range(ON_SETTLED_TRIES):
+                    try:
+                        await _call(hook, settled)
+                        return
+                    except trio.Cancelled:
+                        raise
+                    except Exception as exc:
+                        last = exc
+        finally:
+            _ambient.run_var.reset(tokens[0])
+            _ambient.facade_var.reset(tokens[1])
+            _ambient.actor_var.reset(tokens[2])
+        _log(
+            logging.ERROR,
+            "jobs.on_settled.failed",
+            job_id=settled.job_id,
+            code=ErrorCode.X_JOB_ON_SETTLED_FAILED,
+            cause=type(last).__name__ if last is not None else "timeout",
+        )
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,5 @@
+"""The ``trio-jobs`` command."""
+
+from ._main import main
+
+__all__ = ["main"]

@@ -1,0 +1,548 @@
+"""The driver seam: one protocol, typed records, declared capabilities.
+
+Every driver (memory, PostgreSQL, Redis) implements :class:`JobDriver`; the
+conformance suite in :mod:`trio_jobs.testing.conformance` holds each to the same
+rules. Times are float seconds since the Unix epoch, decided by the driver's own
+clock (the database's, on PostgreSQL). Payloads, results and step outputs are
+already in their JSON form.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import attrs
+
+__all__ = [
+    "AckOptions",
+    "BulkFilter",
+    "BulkResult",
+    "ClaimOptions",
+    "ClaimResult",
+    "ClaimedJob",
+    "CounterRow",
+    "EnqueueRequest",
+    "EnqueueResult",
+    "EventRecord",
+    "EventStore",
+    "Exhausted",
+    "Fence",
+    "HeartbeatStatus",
+    "JobDriver",
+    "JobIntrospection",
+    "JobPage",
+    "JobState",
+    "JobView",
+    "LeaseGrant",
+    "LeaseStore",
+    "ListFilter",
+    "LIVE_STATES",
+    "NackOptions",
+    "PROMOTABLE_STATES",
+    "QueueStats",
+    "StepRecord",
+    "StepStatus",
+    "StepStore",
+    "StepView",
+    "TERMINAL_STATES",
+    "WorkerInfo",
+    "DriverTransaction",
+    "WakeSource",
+    "HeartbeatRequest",
+    "Progress",
+    "ALL_STATES",
+    "ENQUEUE_CHUNK",
+    "MAX_BULK_ROWS",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "UNWIND_MARGIN",
+]
+
+JobState = Literal[
+    "ready", "delayed", "running", "suspended", "done", "failed", "dead", "cancelled"
+]
+StepStatus = Literal["started", "completed", "failed", "sleeping", "waiting"]
+
+LIVE_STATES: frozenset[str] = frozenset({"ready", "delayed", "running", "suspended"})
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "dead", "cancelled"})
+#: States ``promote`` moves: ``delayed``, or ``ready`` backing off before a retry.
+PROMOTABLE_STATES: tuple[str, ...] = ("delayed", "ready")
+ALL_STATES: tuple[str, ...] = (
+    "ready",
+    "delayed",
+    "running",
+    "suspended",
+    "done",
+    "failed",
+    "dead",
+    "cancelled",
+)
+
+MAX_ENQUEUE_BATCH = 10_000
+#: One round trip per this many inputs in ``enqueue_many``.
+ENQUEUE_CHUNK = 1_000
+MAX_JOB_PAGE = 200
+MAX_BULK_ROWS = 1_000
+#: Attempts a compensating job's row carries past ``retry.attempts`` to unwind in.
+UNWIND_MARGIN = 2
+
+
+# --------------------------------------------------------------------------- enqueue
+
+
+@attrs.frozen
+class EnqueueRequest:
+    """One row to stage. ``run_at=None`` means "due now" on the driver's clock;
+    ``delay`` is added to the driver's now."""
+
+    id: str
+    run_id: str
+    name: str
+    queue: str
+    payload: Any
+    idempotency_key: str
+    max_attempts: int
+    tenant_id: str | None = None
+    concurrency_key: str | None = None
+    priority: int = 0
+    run_at: float | None = None
+    delay: float | None = None
+    actor: Mapping[str, Any] | None = None
+    trace_context: Mapping[str, str] | None = None
+
+
+@attrs.frozen
+class EnqueueResult:
+    id: str
+    run_id: str
+    deduped: bool
+
+
+# --------------------------------------------------------------------------- claim
+
+
+@attrs.frozen
+class Fence:
+    """Who holds a claim: settles, heartbeats and step writes are fenced on it."""
+
+    worker_id: str
+    claim: int
+
+
+@attrs.frozen
+class ClaimOptions:
+    """``queues`` maps each queue to how many rows this pass may take from it, in
+    the order the worker serves them. ``drop_names`` are the jobs declaring
+    ``dead_letter=False``: a lapse on their final attempt buries them ``failed``."""
+
+    worker_id: str
+    queues: Mapping[str, int]
+    visibility_timeout: float
+    drop_names: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class ClaimedJob:
+    id: str
+    run_id: str
+    name: str
+    queue: str
+    payload: Any
+    tenant_id: str | None
+    idempotency_key: str
+    concurrency_key: str | None
+    attempt: int
+    max_attempts: int
+    fence: Fence
+    created_at: float
+    run_at: float
+    lease_expires_at: float
+    actor: Mapping[str, Any] | None = None
+    trace_context: Mapping[str, str] | None = None
+    #: An operator promoted the row since it was last handed back (ends a sleep).
+    promoted: bool = False
+    #: The previous claim of this row lapsed (its worker died or lost the lease).
+    lapsed: bool = False
+    #: The row's step records, when the driver read them with the claim (saves a
+    #: round trip); ``None`` means the runner loads them.
+    steps: Sequence[StepRecord] | None = None
+
+
+@attrs.frozen
+class Exhausted:
+    """A row the claim itself buried: its lease lapsed on its final attempt."""
+
+    id: str
+    run_id: str
+    name: str
+    queue: str
+    payload: Any
+    tenant_id: str | None
+    state: Literal["dead", "failed"]
+    error_code: str | None
+    last_error: str
+
+
+@attrs.frozen
+class ClaimResult:
+    jobs: Sequence[ClaimedJob] = ()
+    exhausted: Sequence[Exhausted] = ()
+
+
+# --------------------------------------------------------------------------- settle
+
+
+@attrs.frozen
+class Progress:
+    done: float
+    total: float
+    note: str | None = None
+
+
+@attrs.frozen
+class AckOptions:
+    fence: Fence
+    result: Any = None
+    duration: float | None = None
+    progress: Progress | None = None
+
+
+@attrs.frozen
+class NackOptions:
+    """Hand a claimed row back.
+
+    ``state`` is where it goes: ``ready``/``delayed``/``suspended`` (live again,
+    due at ``run_at`` or now + ``delay``) or ``dead``/``failed`` (for good).
+    ``counted=False`` gives back the attempt the claim took (a drain, a sleep, a
+    suspension, a ``'wait'`` deferral). ``max_attempts`` raises the row's bound
+    (the unwind margin).
+    """
+
+    fence: Fence
+    state: Literal["ready", "delayed", "suspended", "dead", "failed"]
+    counted: bool = True
+    run_at: float | None = None
+    delay: float | None = None
+    error_code: str | None = None
+    last_error: str | None = None
+    progress: Progress | None = None
+    duration: float | None = None
+    waiting_event: str | None = None
+    max_attempts: int | None = None
+
+
+class HeartbeatStatus:
+    OK = "ok"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen
+class HeartbeatRequest:
+    job_id: str
+    fence: Fence
+    progress: Progress | None = None
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@attrs.frozen
+class StepRecord:
+    """A step's durable record, keyed by ``(job_id, name)``.
+
+    ``seq`` orders records by when they were first recorded. ``wake_at`` is a
+    sleep's wake time; ``event``/``since``/``deadline`` a wait's."""
+
+    name: str
+    status: StepStatus
+    seq: int
+    executions: int = 0
+    output: Any = None
+    error: str | None = None
+    error_code: str | None = None
+    wake_at: float | None = None
+    event: str | None = None
+    since: float | None = None
+    deadline: float | None = None
+
+
+class StepStore(Protocol):
+    """Step persistence, on the same store as the queue."""
+
+    async def load(self, job_id: str) -> list[StepRecord]:
+        """Every record of ``job_id``, in ``seq`` order."""
+        ...
+
+    async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        """Insert or replace one record, only while ``fence`` holds the row.
+
+        Answers whether it landed; it is durable when this returns ``True``."""
+        ...
+
+
+@attrs.frozen
+class EventRecord:
+    id: int
+    name: str
+    payload: Any
+    published_at: float
+
+
+class EventStore(Protocol):
+    async def publish(self, name: str, payload: Any) -> None:
+        """Store an event and make every run waiting for ``name`` due now."""
+        ...
+
+    async def poll(self, name: str, since: float) -> tuple[list[EventRecord], float]:
+        """Events named ``name`` published at or after ``since``, oldest first, and
+        the bus's own now."""
+        ...
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@attrs.frozen
+class LeaseGrant:
+    """``slot`` is the slot taken, or ``None`` when every slot is held. ``own``:
+    every holder blocking the call is the same job (its own earlier claim)."""
+
+    slot: int | None
+    own: bool = False
+
+
+class LeaseStore(Protocol):
+    """Fleet-wide slot counting: one row per held slot, keyed ``(lease_key, slot)``.
+
+    A lease is renewed by the holder's heartbeat and released by its settle; one
+    that is not renewed expires after ``ttl``."""
+
+    async def acquire(
+        self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
+    ) -> LeaseGrant: ...
+
+    async def release(self, job_id: str) -> None: ...
+
+    async def held(self, lease_key: str) -> int: ...
+
+
+# --------------------------------------------------------------------------- stats / views
+
+
+@attrs.frozen
+class QueueStats:
+    queue: str
+    ready: int = 0
+    delayed: int = 0
+    running: int = 0
+    suspended: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+
+    @property
+    def depth(self) -> int:
+        """Rows waiting to run: ready, delayed and suspended."""
+        return self.ready + self.delayed + self.suspended
+
+
+@attrs.frozen
+class StepView:
+    name: str
+    status: str
+    executions: int
+    output: Any = None
+    error: str | None = None
+
+
+@attrs.frozen
+class JobView:
+    id: str
+    run_id: str
+    name: str
+    queue: str
+    state: JobState
+    attempts: int
+    max_attempts: int
+    tenant_id: str | None
+    idempotency_key: str
+    concurrency_key: str | None
+    run_at: float
+    created_at: float
+    error_code: str | None = None
+    last_error: str | None = None
+    progress: Progress | None = None
+    result: Any = None
+    steps: Sequence[StepView] = ()
+    payload: Any = None
+    priority: int = 0
+    updated_at: float | None = None
+    worker_id: str | None = None
+
+
+@attrs.frozen
+class JobPage:
+    rows: Sequence[JobView]
+    after: str | None = None
+    before: str | None = None
+
+
+@attrs.frozen
+class ListFilter:
+    queue: str | None = None
+    name: str | None = None
+    state: str | None = None
+    tenant_id: str | None = None
+    id_prefix: str | None = None
+    created_from: float | None = None
+    created_to: float | None = None
+    limit: int = 50
+    after: str | None = None
+    before: str | None = None
+
+
+@attrs.frozen
+class BulkFilter:
+    state: str
+    queue: str | None = None
+    name: str | None = None
+    tenant_id: str | None = None
+
+
+@attrs.frozen
+class BulkResult:
+    affected: int
+    remaining: int
+
+
+@attrs.frozen
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    started_at: float
+    queues: Sequence[str]
+    slots: Mapping[str, int]
+    in_flight: Sequence[str] = ()
+    last_heartbeat: float = 0.0
+
+
+@attrs.frozen
+class CounterRow:
+    bucket: float
+    name: str
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead: int = 0
+    duration: float = 0.0
+
+
+class JobIntrospection(Protocol):
+    """The operator surface. The CLI, the dashboard and tests read nothing else."""
+
+    async def show(self, job_id: str) -> JobView: ...
+    async def list(self, filter: ListFilter) -> JobPage: ...
+    async def requeue(self, job_id: str, from_step: str | None = None) -> JobView: ...
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobView: ...
+    async def remove(self, job_id: str) -> None: ...
+    async def remove_many(self, filter: BulkFilter) -> BulkResult: ...
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult: ...
+    async def promote(self, job_id: str) -> JobView: ...
+    async def promote_many(self, filter: BulkFilter) -> BulkResult: ...
+    async def resolve_step(
+        self, job_id: str, step: str, *, ran: bool, output: Any = None
+    ) -> None: ...
+    async def pause_queue(self, queue: str) -> None: ...
+    async def resume_queue(self, queue: str) -> None: ...
+    async def paused_queues(self) -> builtins.list[str]: ...
+    async def record_worker(self, info: WorkerInfo, ttl: float) -> None: ...
+    async def remove_worker(self, worker_id: str) -> None: ...
+    async def workers(self) -> builtins.list[WorkerInfo]: ...
+    async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]: ...
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+@runtime_checkable
+class JobDriver(Protocol):
+    """What every driver implements. Optional capabilities are attributes that
+    are ``None`` when the driver lacks them: ``leases``, ``introspect``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def steps(self) -> StepStore: ...
+
+    @property
+    def events(self) -> EventStore: ...
+
+    @property
+    def leases(self) -> LeaseStore | None: ...
+
+    @property
+    def introspect(self) -> JobIntrospection | None: ...
+
+    @property
+    def wake(self) -> WakeSource | None: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[DriverTransaction]:
+        """A transaction that enqueues and publishes join; it commits on a clean exit."""
+        ...
+
+    async def open(self) -> None:
+        """Connect and prepare (migrations, pools). Constructing does no I/O."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def now(self) -> float:
+        """The driver's notion of now, for the worker's local decisions only."""
+        ...
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Stage up to ``ENQUEUE_CHUNK`` rows in one round trip, deduped on the live
+        ``(name, tenant_id, idempotency_key)``; answers one result per request in order."""
+        ...
+
+    async def claim(self, options: ClaimOptions) -> ClaimResult: ...
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool: ...
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool: ...
+
+    async def heartbeat(
+        self, requests: Sequence[HeartbeatRequest], visibility_timeout: float
+    ) -> list[str]:
+        """Renew each held row's lease (and its concurrency leases) in one round
+        trip; one :class:`HeartbeatStatus` value per request."""
+        ...
+
+    async def stats(self) -> list[QueueStats]: ...
+
+
+class DriverTransaction(Protocol):
+    """A driver-side transaction: staged enqueues and events commit or vanish with it."""
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]: ...
+
+    async def publish(self, name: str, payload: Any) -> None: ...
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]: ...
+
+
+class WakeSource(Protocol):
+    """A push hook: a driver that can announce new work offers one."""
+
+    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout."""
+        ...

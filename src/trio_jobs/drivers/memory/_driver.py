@@ -1,0 +1,983 @@
+"""The memory driver.
+
+The reference semantics of the :class:`~trio_jobs.drivers.JobDriver` protocol,
+in one process: every rule the conformance suite asserts holds here first.
+Every method completes without yielding inside its critical section, so on one
+Trio thread each call is atomic, as one statement is on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import hashlib
+import heapq
+import itertools
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import orjson
+import trio
+
+from ..._time import Clock, TrioClock
+from ...errors import ErrorCode, JobsError
+from .._protocol import (
+    LIVE_STATES,
+    MAX_BULK_ROWS,
+    MAX_JOB_PAGE,
+    PROMOTABLE_STATES,
+    TERMINAL_STATES,
+    AckOptions,
+    BulkFilter,
+    BulkResult,
+    ClaimedJob,
+    ClaimOptions,
+    ClaimResult,
+    CounterRow,
+    EnqueueRequest,
+    EnqueueResult,
+    EventRecord,
+    Exhausted,
+    Fence,
+    HeartbeatRequest,
+    HeartbeatStatus,
+    JobPage,
+    JobView,
+    LeaseGrant,
+    ListFilter,
+    NackOptions,
+    Progress,
+    QueueStats,
+    StepRecord,
+    StepView,
+    WorkerInfo,
+)
+
+__all__ = ["MemoryDriver", "memory_driver"]
+
+
+@attrs.define(eq=False)
+class _Row:
+    id: str
+    run_id: str
+    name: str
+    queue: str
+    payload: Any
+    tenant_id: str | None
+    idempotency_key: str
+    concurrency_key: str | None
+    max_attempts: int
+    priority: int
+    run_at: float
+    created_at: float
+    seq: int
+    actor: Mapping[str, Any] | None
+    trace_context: Mapping[str, str] | None
+    state: str = "ready"
+    attempts: int = 0
+    fence: Fence | None = None
+    lease_expires_at: float = 0.0
+    error_code: str | None = None
+    last_error: str | None = None
+    progress: Progress | None = None
+    result: Any = None
+    updated_at: float = 0.0
+    promoted: bool = False
+    waiting_event: str | None = None
+    lapsed: bool = False
+    version: int = 0
+    tx: object | None = None  # the open transaction that staged it, until commit
+
+
+def _live_key(row: _Row) -> tuple[str, str | None, str]:
+    return (row.name, row.tenant_id, row.idempotency_key)
+
+
+_CURSOR_SALT = b"trio-jobs-cursor-v1"
+
+
+def encode_cursor(created_at: float, job_id: str) -> str:
+    """A keyset cursor over ``(created_at, id)``, checksummed so a hand-made one is refused."""
+    body = orjson.dumps([created_at, job_id])
+    mac = hashlib.blake2s(body, key=_CURSOR_SALT, digest_size=6).digest()
+    return base64.urlsafe_b64encode(mac + body).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        mac, body = raw[:6], raw[6:]
+        if hashlib.blake2s(body, key=_CURSOR_SALT, digest_size=6).digest() != mac:
+            raise ValueError("checksum")
+        created_at, job_id = orjson.loads(body)
+        return float(created_at), str(job_id)
+    except (ValueError, TypeError, orjson.JSONDecodeError):
+        raise JobsError(
+            ErrorCode.X_JOB_PAGE_INVALID,
+            "that cursor was not produced by a page; pass .after or .before from a JobPage",
+        ) from None
+
+
+class _Wake:
+    """Wakes idle workers when work arrives (the memory driver pushes)."""
+
+    def __init__(self) -> None:
+        self._event: trio.Event | None = None
+
+    def fire(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        if self._event is None:
+            self._event = trio.Event()
+        event = self._event
+        with trio.move_on_after(timeout):
+            await event.wait()
+            return True
+        return False
+
+
+class _MemoryTx:
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._driver = driver
+        self.staged: list[str] = []
+        self.events: list[tuple[str, Any]] = []
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        return self._driver._enqueue(requests, tx=self)
+
+    async def publish(self, name: str, payload: Any) -> None:
+        self.events.append((name, payload))
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "the memory driver runs no SQL; use postgres_driver(dsn) for tx.execute",
+        )
+
+
+class MemoryDriver:
+    """The in-process driver. See :func:`memory_driver`."""
+
+    name = "memory"
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else TrioClock()
+        self._rows: dict[str, _Row] = {}
+        self._live: dict[tuple[str, str | None, str], str] = {}
+        self._steps: dict[str, dict[str, StepRecord]] = {}
+        self._events: list[EventRecord] = []
+        self._leases: dict[tuple[str, int], tuple[str, Fence, float]] = {}
+        self._paused: set[str] = set()
+        self._workers: dict[str, tuple[WorkerInfo, float]] = {}
+        self._counters: dict[tuple[float, str], list[float]] = {}
+        self._due: dict[str, list[tuple[int, float, int, int, str]]] = {}
+        self._scheduled: list[tuple[float, int, int, str]] = []
+        self._running: list[tuple[float, int, str]] = []
+        self._seq = itertools.count(1)
+        self._claims = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._wake = _Wake()
+        self.steps = _MemorySteps(self)
+        self.events = _MemoryEvents(self)
+        self.leases: _MemoryLeases | None = _MemoryLeases(self)
+        self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
+        self.wake: _Wake | None = self._wake
+        self.opened = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        self.opened = True
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise JobsError(
+                ErrorCode.X_DRIVER_UNAVAILABLE,
+                "the memory driver is closed; open a new one with open_jobs(memory_driver())",
+            )
+
+    # ------------------------------------------------------------------ indexing
+
+    def _index(self, row: _Row) -> None:
+        """Put a live, committed, not-running row where the claim will find it."""
+        row.version += 1
+        if row.tx is not None or row.state not in ("ready", "delayed", "suspended"):
+            return
+        if row.run_at <= self.now():
+            heapq.heappush(
+                self._due.setdefault(row.queue, []),
+                (row.priority, row.run_at, row.seq, row.version, row.id),
+            )
+        else:
+            heapq.heappush(self._scheduled, (row.run_at, row.version, row.seq, row.id))
+
+    def _index_running(self, row: _Row) -> None:
+        row.version += 1
+        heapq.heappush(self._running, (row.lease_expires_at, row.version, row.id))
+
+    def _promote_scheduled(self, now: float) -> None:
+        scheduled = self._scheduled
+        while scheduled and scheduled[0][0] <= now:
+            _run_at, version, _seq, job_id = heapq.heappop(scheduled)
+            row = self._rows.get(job_id)
+            if row is None or row.version != version:
+                continue
+            heapq.heappush(
+                self._due.setdefault(row.queue, []),
+                (row.priority, row.run_at, row.seq, row.version, row.id),
+            )
+
+    # ------------------------------------------------------------------ enqueue
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        return self._enqueue(requests, tx=None)
+
+    def _enqueue(
+        self, requests: Sequence[EnqueueRequest], tx: _MemoryTx | None
+    ) -> list[EnqueueResult]:
+        self._check_open()
+        now = self.now()
+        out: list[EnqueueResult] = []
+        woke = False
+        for req in requests:
+            key = (req.name, req.tenant_id, req.idempotency_key)
+            existing = self._live.get(key)
+            if existing is not None:
+                row = self._rows[existing]
+                out.append(EnqueueResult(row.id, row.run_id, True))
+                continue
+            if req.id in self._rows:
+                # Republished under the id it was staged with: no second row.
+                row = self._rows[req.id]
+                out.append(EnqueueResult(row.id, row.run_id, True))
+                continue
+            run_at = req.run_at if req.run_at is not None else now + (req.delay or 0.0)
+            row = _Row(
+                id=req.id,
+                run_id=req.run_id,
+                name=req.name,
+                queue=req.queue,
+                payload=req.payload,
+                tenant_id=req.tenant_id,
+                idempotency_key=req.idempotency_key,
+                concurrency_key=req.concurrency_key,
+                max_attempts=req.max_attempts,
+                priority=req.priority,
+                run_at=run_at,
+                created_at=now,
+                seq=next(self._seq),
+                actor=req.actor,
+                trace_context=req.trace_context,
+                state="ready" if run_at <= now else "delayed",
+                updated_at=now,
+                tx=tx,
+            )
+            self._rows[row.id] = row
+            self._live[key] = row.id
+            if tx is not None:
+                tx.staged.append(row.id)
+            else:
+                self._index(row)
+                woke = True
+            out.append(EnqueueResult(row.id, row.run_id, False))
+        if woke:
+            self._wake.fire()
+        return out
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_MemoryTx]:
+        self._check_open()
+        tx = _MemoryTx(self)
+        try:
+            yield tx
+        except BaseException:
+            for job_id in tx.staged:
+                row = self._rows.pop(job_id, None)
+                if row is not None and self._live.get(_live_key(row)) == job_id:
+                    del self._live[_live_key(row)]
+            raise
+        for job_id in tx.staged:
+            row = self._rows.get(job_id)
+            if row is not None:
+                row.tx = None
+                self._index(row)
+        for name, payload in tx.events:
+            self._publish(name, payload)
+        self._wake.fire()
+
+    # ------------------------------------------------------------------ claim
+
+    async def claim(self, options: ClaimOptions) -> ClaimResult:
+        self._check_open()
+        now = self.now()
+        exhausted = self._reap(now, options)
+        self._promote_scheduled(now)
+        taken: list[ClaimedJob] = []
+        for queue, want in options.queues.items():
+            if want <= 0 or queue in self._paused:
+                continue
+            heap = self._due.get(queue)
+            while heap and want > 0:
+                _prio, _run_at, _seq, version, job_id = heapq.heappop(heap)
+                row = self._rows.get(job_id)
+                if row is None or row.version != version:
+                    continue
+                taken.append(self._take(row, options, now))
+                want -= 1
+        return ClaimResult(jobs=taken, exhausted=exhausted)
+
+    def _reap(self, now: float, options: ClaimOptions) -> list[Exhausted]:
+        """Lapsed leases: bury rows on their final attempt, re-offer the rest."""
+        exhausted: list[Exhausted] = []
+        running = self._running
+        while running and running[0][0] <= now:
+            _exp, version, job_id = heapq.heappop(running)
+            row = self._rows.get(job_id)
+            if row is None or row.version != version or row.state != "running":
+                continue
+            self._release_leases(row.id)
+            if row.attempts >= row.max_attempts:
+                state = "failed" if row.name in options.drop_names else "dead"
+                row.state = state
+                row.error_code = ErrorCode.X_JOB_LEASE_LOST
+                row.last_error = (
+                    f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt "
+                    f"({row.attempts} of {row.max_attempts}); the worker holding it died or "
+                    f"stopped renewing it — {ErrorCode.X_JOB_MAX_ATTEMPTS}"
+                )
+                row.fence = None
+                row.updated_at = now
+                row.version += 1
+                self._free_key(row)
+                self._count(row.name, now, state)
+                exhausted.append(
+                    Exhausted(
+                        id=row.id,
+                        run_id=row.run_id,
+                        name=row.name,
+                        queue=row.queue,
+                        payload=row.payload,
+                        tenant_id=row.tenant_id,
+                        state=state,  # type: ignore[arg-type]
+                        error_code=row.error_code,
+                        last_error=row.last_error,
+                    )
+                )
+            else:
+                row.state = "ready"
+                row.run_at = row.lease_expires_at
+                row.fence = None
+                row.promoted = False
+                row.updated_at = now
+                row.version += 1
+                row.lapsed = True
+                heapq.heappush(
+                    self._due.setdefault(row.queue, []),
+                    (row.priority, row.run_at, row.seq, row.version, row.id),
+                )
+        return exhausted
+
+    def _take(self, row: _Row, options: ClaimOptions, now: float) -> ClaimedJob:
+        lapsed, row.lapsed = row.lapsed, False
+        row.state = "running"
+        row.attempts += 1
+        row.fence = Fence(options.worker_id, next(self._claims))
+        row.lease_expires_at = now + options.visibility_timeout
+        row.updated_at = now
+        row.waiting_event = None
+        promoted, row.promoted = row.promoted, False
+        self._index_running(row)
+        return ClaimedJob(
+            id=row.id,
+            run_id=row.run_id,
+            name=row.name,
+            queue=row.queue,
+            payload=row.payload,
+            tenant_id=row.tenant_id,
+            idempotency_key=row.idempotency_key,
+            concurrency_key=row.concurrency_key,
+            attempt=row.attempts,
+            max_attempts=row.max_attempts,
+            fence=row.fence,
+            created_at=row.created_at,
+            run_at=row.run_at,
+            lease_expires_at=row.lease_expires_at,
+            actor=row.actor,
+            trace_context=row.trace_context,
+            promoted=promoted,
+            lapsed=lapsed,
+        )
+
+    def _owned(self, job_id: str, fence: Fence) -> _Row | None:
+        row = self._rows.get(job_id)
+        if row is None or row.state != "running" or row.fence != fence:
+            return None
+        if row.lease_expires_at <= self.now():
+            return None
+        return row
+
+    def _free_key(self, row: _Row) -> None:
+        key = _live_key(row)
+        if self._live.get(key) == row.id:
+            del self._live[key]
+
+    def _count(self, name: str, now: float, field: str, duration: float | None = None) -> None:
+        bucket = math.floor(now / 60.0) * 60.0
+        cell = self._counters.setdefault((bucket, name), [0, 0, 0, 0, 0.0])
+        cell[("done", "retried", "failed", "dead").index(field)] += 1
+        if duration is not None:
+            cell[4] += duration
+
+    # ------------------------------------------------------------------ settle
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        self._check_open()
+        row = self._owned(job_id, options.fence)
+        if row is None:
+            return False
+        now = self.now()
+        row.state = "done"
+        row.result = options.result
+        row.fence = None
+        row.updated_at = now
+        if options.progress is not None:
+            row.progress = options.progress
+        row.version += 1
+        self._free_key(row)
+        self._release_leases(job_id)
+        self._count(row.name, now, "done", options.duration)
+        return True
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool:
+        self._check_open()
+        row = self._owned(job_id, options.fence)
+        if row is None:
+            return False
+        now = self.now()
+        if not options.counted:
+            row.attempts -= 1
+        if options.max_attempts is not None:
+            row.max_attempts = max(row.max_attempts, options.max_attempts)
+        if options.progress is not None:
+            row.progress = options.progress
+        if options.error_code is not None or options.last_error is not None:
+            row.error_code = options.error_code
+            row.last_error = options.last_error
+        row.fence = None
+        row.updated_at = now
+        self._release_leases(job_id)
+        if options.state in ("dead", "failed"):
+            row.state = options.state
+            row.version += 1
+            self._free_key(row)
+            self._count(row.name, now, options.state, options.duration)
+            return True
+        run_at = options.run_at if options.run_at is not None else now + (options.delay or 0.0)
+        row.run_at = run_at
+        row.waiting_event = options.waiting_event
+        if options.state == "suspended":
+            row.state = "suspended"
+        elif options.state == "delayed":
+            row.state = "delayed"
+        else:
+            row.state = "ready"
+        if options.counted:
+            self._count(row.name, now, "retried", options.duration)
+        self._index(row)
+        if run_at <= now:
+            self._wake.fire()
+        return True
+
+    async def heartbeat(
+        self, requests: Sequence[HeartbeatRequest], visibility_timeout: float
+    ) -> list[str]:
+        self._check_open()
+        now = self.now()
+        out: list[str] = []
+        for req in requests:
+            row = self._rows.get(req.job_id)
+            if row is not None and row.state == "cancelled" and row.fence is None:
+                out.append(HeartbeatStatus.CANCELLED)
+                continue
+            owned = self._owned(req.job_id, req.fence)
+            if owned is None:
+                out.append(HeartbeatStatus.LOST)
+                continue
+            owned.lease_expires_at = now + visibility_timeout
+            if req.progress is not None:
+                owned.progress = req.progress
+            self._index_running(owned)
+            for lkey, (holder, fence, _exp) in list(self._leases.items()):
+                if holder == req.job_id and fence == req.fence:
+                    self._leases[lkey] = (holder, fence, now + visibility_timeout)
+            out.append(HeartbeatStatus.OK)
+        return out
+
+    async def stats(self) -> list[QueueStats]:
+        self._check_open()
+        counts: dict[str, dict[str, int]] = {}
+        for row in self._rows.values():
+            if row.tx is not None:
+                continue
+            per = counts.setdefault(row.queue, {})
+            per[row.state] = per.get(row.state, 0) + 1
+        return [QueueStats(queue=q, **c) for q, c in sorted(counts.items())]
+
+    # ------------------------------------------------------------------ events
+
+    def _publish(self, name: str, payload: Any) -> None:
+        now = self.now()
+        self._events.append(EventRecord(next(self._event_ids), name, payload, now))
+        for row in self._rows.values():
+            if row.state == "suspended" and row.waiting_event == name and row.run_at > now:
+                row.run_at = now
+                self._index(row)
+        self._wake.fire()
+
+    # ------------------------------------------------------------------ leases
+
+    def _release_leases(self, job_id: str) -> None:
+        for lkey in [k for k, v in self._leases.items() if v[0] == job_id]:
+            del self._leases[lkey]
+
+
+class _MemorySteps:
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._d = driver
+
+    async def load(self, job_id: str) -> list[StepRecord]:
+        self._d._check_open()
+        return sorted(self._d._steps.get(job_id, {}).values(), key=lambda r: r.seq)
+
+    async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        self._d._check_open()
+        if self._d._owned(job_id, fence) is None:
+            return False
+        steps = self._d._steps.setdefault(job_id, {})
+        old = steps.get(record.name)
+        if old is not None and old.seq != record.seq:
+            record = attrs.evolve(record, seq=old.seq)
+        steps[record.name] = record
+        return True
+
+
+class _MemoryEvents:
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._d = driver
+
+    async def publish(self, name: str, payload: Any) -> None:
+        self._d._check_open()
+        self._d._publish(name, payload)
+
+    async def poll(self, name: str, since: float) -> tuple[list[EventRecord], float]:
+        self._d._check_open()
+        found = [e for e in self._d._events if e.name == name and e.published_at >= since]
+        return found, self._d.now()
+
+
+class _MemoryLeases:
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._d = driver
+
+    async def acquire(
+        self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
+    ) -> LeaseGrant:
+        d = self._d
+        d._check_open()
+        now = d.now()
+        holders: list[str] = []
+        free: int | None = None
+        for slot in range(limit):
+            held = d._leases.get((lease_key, slot))
+            if held is None or held[2] <= now:
+                if free is None:
+                    free = slot
+                continue
+            if held[0] == job_id and held[1] == fence:
+                return LeaseGrant(slot=slot)
+            holders.append(held[0])
+        if free is not None:
+            d._leases[(lease_key, free)] = (job_id, fence, now + ttl)
+            return LeaseGrant(slot=free)
+        return LeaseGrant(slot=None, own=bool(holders) and all(h == job_id for h in holders))
+
+    async def release(self, job_id: str) -> None:
+        self._d._release_leases(job_id)
+
+    async def held(self, lease_key: str) -> int:
+        now = self._d.now()
+        return sum(1 for (k, _s), v in self._d._leases.items() if k == lease_key and v[2] > now)
+
+
+_TIERS = ((86400.0, 60.0), (7 * 86400.0, 300.0), (30 * 86400.0, 3600.0))
+
+
+class _MemoryIntrospection:
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._d = driver
+
+    def _row(self, job_id: str) -> _Row:
+        row = self._d._rows.get(str(job_id))
+        if row is None or row.tx is not None:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_FOUND,
+                "no job has that id; list jobs with `trio-jobs list` to find it",
+            )
+        return row
+
+    def _view(self, row: _Row, *, steps: bool) -> JobView:
+        step_views: builtins.list[StepView] = []
+        if steps:
+            for rec in sorted(self._d._steps.get(row.id, {}).values(), key=lambda r: r.seq):
+                step_views.append(
+                    StepView(rec.name, rec.status, rec.executions, rec.output, rec.error)
+                )
+        return JobView(
+            id=row.id,
+            run_id=row.run_id,
+            name=row.name,
+            queue=row.queue,
+            state=row.state,  # type: ignore[arg-type]
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            tenant_id=row.tenant_id,
+            idempotency_key=row.idempotency_key,
+            concurrency_key=row.concurrency_key,
+            run_at=row.run_at,
+            created_at=row.created_at,
+            error_code=row.error_code,
+            last_error=row.last_error,
+            progress=row.progress,
+            result=row.result,
+            steps=step_views,
+            payload=row.payload,
+            priority=row.priority,
+            updated_at=row.updated_at,
+            worker_id=row.fence.worker_id if row.fence is not None else None,
+        )
+
+    async def show(self, job_id: str) -> JobView:
+        self._d._check_open()
+        return self._view(self._row(job_id), steps=True)
+
+    def _matches(self, row: _Row, f: ListFilter | BulkFilter) -> bool:
+        if row.tx is not None:
+            return False
+        if f.queue is not None and row.queue != f.queue:
+            return False
+        if f.name is not None and row.name != f.name:
+            return False
+        if f.state is not None and row.state != f.state:
+            return False
+        if f.tenant_id is not None and row.tenant_id != f.tenant_id:
+            return False
+        if isinstance(f, ListFilter):
+            if f.id_prefix is not None and not row.id.startswith(f.id_prefix.lower()):
+                return False
+            if f.created_from is not None and row.created_at < f.created_from:
+                return False
+            if f.created_to is not None and row.created_at >= f.created_to:
+                return False
+        return True
+
+    async def list(self, filter: ListFilter) -> JobPage:
+        self._d._check_open()
+        f = filter
+        if f.after is not None and f.before is not None:
+            raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
+        if not 1 <= f.limit <= MAX_JOB_PAGE:
+            raise JobsError(
+                ErrorCode.X_JOB_PAGE_INVALID,
+                f"limit must be between 1 and {MAX_JOB_PAGE}; page with .after for more",
+            )
+        rows = [r for r in self._d._rows.values() if self._matches(r, f)]
+        rows.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        keyed = [((r.created_at, r.id), r) for r in rows]
+        if f.after is not None:
+            mark = decode_cursor(f.after)
+            keyed = [kr for kr in keyed if kr[0] < mark]
+            page = keyed[: f.limit]
+            has_more = len(keyed) > f.limit
+            has_prev = True
+        elif f.before is not None:
+            mark = decode_cursor(f.before)
+            older = [kr for kr in keyed if kr[0] > mark]
+            page = older[-f.limit :]
+            has_prev = len(older) > f.limit
+            has_more = True
+        else:
+            page = keyed[: f.limit]
+            has_more = len(keyed) > f.limit
+            has_prev = False
+        views = [self._view(r, steps=False) for _k, r in page]
+        after = encode_cursor(*page[-1][0]) if page and has_more else None
+        before = encode_cursor(*page[0][0]) if page and has_prev else None
+        return JobPage(rows=views, after=after, before=before)
+
+    async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
+        d = self._d
+        d._check_open()
+        row = self._row(job_id)
+        if row.state in LIVE_STATES:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REQUEUEABLE,
+                f"the job is {row.state}; only a done, failed, dead or cancelled job can be requeued",
+            )
+        holder = d._live.get(_live_key(row))
+        if holder is not None and holder != row.id:
+            raise JobsError(
+                ErrorCode.X_JOB_DUPLICATE,
+                f"a live job ({holder}) holds this job's idempotency key; wait for it to settle",
+                meta={"holder": holder},
+            )
+        steps = d._steps.get(row.id, {})
+        if from_step is not None:
+            cut = steps.get(from_step)
+            if cut is None:
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "the job recorded no step by that name; `trio-jobs show ID` lists its steps",
+                )
+            for name in [n for n, r in steps.items() if r.seq >= cut.seq]:
+                del steps[name]
+        self._requeue_row(row)
+        return self._view(row, steps=True)
+
+    def _requeue_row(self, row: _Row) -> None:
+        d = self._d
+        now = d.now()
+        row.state = "ready"
+        row.attempts = 0
+        row.run_at = now
+        row.error_code = None
+        row.last_error = None
+        row.result = None
+        row.updated_at = now
+        d._live[_live_key(row)] = row.id
+        d._index(row)
+        d._wake.fire()
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
+        d = self._d
+        d._check_open()
+        row = self._row(job_id)
+        if row.state not in LIVE_STATES:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_CANCELLABLE,
+                f"the job already ended {row.state}; only a live job can be cancelled",
+            )
+        now = d.now()
+        row.state = "cancelled"
+        row.fence = None
+        row.error_code = ErrorCode.X_ABORTED
+        row.last_error = f"{ErrorCode.X_ABORTED}: cancelled" + (f": {reason}" if reason else "")
+        row.updated_at = now
+        row.version += 1
+        d._free_key(row)
+        d._release_leases(row.id)
+        return self._view(row, steps=True)
+
+    async def remove(self, job_id: str) -> None:
+        d = self._d
+        d._check_open()
+        row = self._row(job_id)
+        if row.state == "running":
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REMOVABLE,
+                "the job is running; cancel it first (`trio-jobs cancel ID`), then remove it",
+            )
+        self._drop(row)
+
+    def _drop(self, row: _Row) -> None:
+        d = self._d
+        d._free_key(row)
+        d._release_leases(row.id)
+        row.version += 1
+        del d._rows[row.id]
+        d._steps.pop(row.id, None)
+
+    def _bulk_rows(self, f: BulkFilter) -> builtins.list[_Row]:
+        rows = [r for r in self._d._rows.values() if self._matches(r, f)]
+        rows.sort(key=lambda r: (r.created_at, r.id))
+        return rows
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult:
+        self._d._check_open()
+        if filter.state == "running":
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REMOVABLE,
+                "running jobs cannot be removed; cancel them first",
+            )
+        _check_state(filter.state)
+        rows = self._bulk_rows(filter)
+        for row in rows[:MAX_BULK_ROWS]:
+            self._drop(row)
+        return BulkResult(
+            affected=min(len(rows), MAX_BULK_ROWS), remaining=max(0, len(rows) - MAX_BULK_ROWS)
+        )
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult:
+        d = self._d
+        d._check_open()
+        _check_state(filter.state)
+        if filter.state not in TERMINAL_STATES:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REQUEUEABLE,
+                "only done, failed, dead or cancelled jobs can be requeued",
+            )
+        movable = []
+        for row in self._bulk_rows(filter):
+            holder = d._live.get(_live_key(row))
+            if holder is None:
+                movable.append(row)
+        moved = 0
+        for row in movable:
+            if moved >= MAX_BULK_ROWS:
+                break
+            if d._live.get(_live_key(row)) is not None:
+                continue  # an earlier row in this batch took the key
+            self._requeue_row(row)
+            moved += 1
+        remaining = sum(1 for r in self._bulk_rows(filter) if d._live.get(_live_key(r)) is None)
+        return BulkResult(affected=moved, remaining=remaining)
+
+    def _promotable(self, row: _Row, now: float) -> bool:
+        return row.state == "delayed" or (row.state == "ready" and row.run_at > now)
+
+    def _promote_row(self, row: _Row, now: float) -> None:
+        row.run_at = now
+        row.state = "ready"
+        row.promoted = True
+        row.updated_at = now
+        self._d._index(row)
+
+    async def promote(self, job_id: str) -> JobView:
+        d = self._d
+        d._check_open()
+        row = self._row(job_id)
+        now = d.now()
+        if not self._promotable(row, now):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"the job is {row.state} and not waiting on its run_at; only a delayed job, "
+                "or a ready one backing off before a retry, can be promoted",
+            )
+        self._promote_row(row, now)
+        d._wake.fire()
+        return self._view(row, steps=True)
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult:
+        d = self._d
+        d._check_open()
+        if filter.state not in PROMOTABLE_STATES:
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"promote_many takes state in {PROMOTABLE_STATES}",
+            )
+        now = d.now()
+        rows = [r for r in self._bulk_rows(filter) if self._promotable(r, now)]
+        for row in rows[:MAX_BULK_ROWS]:
+            self._promote_row(row, now)
+        d._wake.fire()
+        return BulkResult(
+            affected=min(len(rows), MAX_BULK_ROWS), remaining=max(0, len(rows) - MAX_BULK_ROWS)
+        )
+
+    async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
+        d = self._d
+        d._check_open()
+        row = self._row(job_id)
+        if row.state == "running":
+            raise JobsError(
+                ErrorCode.X_INVARIANT, "the job is running; resolve its step once it has stopped"
+            )
+        steps = d._steps.get(row.id, {})
+        rec = steps.get(step)
+        if rec is None or rec.status not in ("started", "failed"):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                "only a `once` step whose outcome is unknown (started or failed) can be resolved",
+            )
+        if ran:
+            steps[step] = attrs.evolve(
+                rec, status="completed", output=output, error=None, error_code=None
+            )
+        else:
+            del steps[step]
+
+    async def pause_queue(self, queue: str) -> None:
+        self._d._paused.add(queue)
+
+    async def resume_queue(self, queue: str) -> None:
+        self._d._paused.discard(queue)
+        self._d._wake.fire()
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return sorted(self._d._paused)
+
+    async def record_worker(self, info: WorkerInfo, ttl: float) -> None:
+        now = self._d.now()
+        self._d._workers[info.id] = (attrs.evolve(info, last_heartbeat=now), now + ttl)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        self._d._workers.pop(worker_id, None)
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        now = self._d.now()
+        live = {k: v for k, v in self._d._workers.items() if v[1] > now}
+        self._d._workers = live
+        return sorted((v[0] for v in live.values()), key=lambda w: w.started_at)
+
+    async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
+        d = self._d
+        now = d.now()
+        merged: dict[tuple[float, str], list[float]] = {}
+        for (bucket, job_name), cell in list(d._counters.items()):
+            age = now - bucket
+            if age > _TIERS[-1][0]:
+                del d._counters[(bucket, job_name)]
+                continue
+            if bucket < since or (name is not None and job_name != name):
+                continue
+            width = next(w for limit, w in _TIERS if age <= limit)
+            tier_bucket = math.floor(bucket / width) * width
+            acc = merged.setdefault((tier_bucket, job_name), [0, 0, 0, 0, 0.0])
+            for i in range(5):
+                acc[i] += cell[i]
+        return [
+            CounterRow(b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4])
+            for (b, n), c in sorted(merged.items())
+        ]
+
+
+def _check_state(state: str) -> None:
+    from .._protocol import ALL_STATES
+
+    if state not in ALL_STATES:
+        raise JobsError(ErrorCode.X_INVARIANT, f"state must be one of {ALL_STATES}")
+
+
+def memory_driver(*, clock: Clock | None = None) -> MemoryDriver:
+    """The in-process driver, for tests, fixtures and the harness.
+
+    Without a ``clock`` it follows Trio's clock, so under ``autojump_clock`` due
+    times, backoffs and lease expiry move with virtual time. It implements
+    ``leases`` and ``introspect``: its process is its whole fleet.
+    """
+    return MemoryDriver(clock=clock)

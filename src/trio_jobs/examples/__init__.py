@@ -1,0 +1,1 @@
+"""Runnable examples; ``trio-jobs dev`` runs :mod:`trio_jobs.examples.onboarding`."""
