@@ -1,0 +1,18 @@
+"""The conformance suite on the memory driver."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from trio_jobs.drivers import memory_driver
+from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
+
+
+class TestMemoryConformance(DriverConformance):
+    @pytest.fixture
+    async def target(self) -> AsyncIterator[Target]:
+        clock = ManualClock()
+        driver = memory_driver(clock=clock)
+        await driver.open()
+        yield Target(driver, clock.advance)
+        await driver.close()
