@@ -241,7 +241,7 @@ class Steps:
     async def run(
         self,
         name: str,
-        fn: Callable[..., Awaitable[T] | T],
+        fn: Callable[..., Any],
         *,
         compensate: Callable[..., Any] | None = None,
         once: bool = False,

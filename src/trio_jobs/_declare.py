@@ -493,7 +493,7 @@ if TYPE_CHECKING:
 def job(
     *,
     idempotency_key: Callable[[I], str],
-    input: type[I] | Any = None,
+    input: type[I],
     tenant: Callable[[I], Any] | Literal["none"] = "none",
     name: str | None = None,
     queue: str = "default",
@@ -512,10 +512,21 @@ def job(
 @overload
 def job(
     *,
-    idempotency_key: None,
-    input: Any = None,
-    **kwargs: Any,
-) -> Callable[..., Any]: ...
+    idempotency_key: Callable[[None], str],
+    input: None = None,
+    tenant: Callable[[None], Any] | Literal["none"] = "none",
+    name: str | None = None,
+    queue: str = "default",
+    retry: Retry | None = None,
+    concurrency: int | Concurrency | None = None,
+    timeout: Duration | None = None,
+    step_timeout: Duration | None = None,
+    event_poll: Duration | None = None,
+    compensates: bool = False,
+    on_settled: Callable[[Settled], Any] | None = None,
+    on_settled_timeout: Duration = 30.0,
+    sensitive: bool = False,
+) -> Callable[[Callable[[JobContext[None]], Awaitable[R]]], Job[None, R]]: ...
 
 
 def job(

@@ -7,10 +7,11 @@ and replays ``provision`` from storage instead of provisioning twice.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import attrs
 
-from trio_jobs import JobContext, Retry, job
+from trio_jobs import Job, JobContext, Retry, job
 
 
 @attrs.frozen
@@ -55,4 +56,4 @@ async def onboard_org(ctx: JobContext[Onboard]) -> dict[str, str]:
     return {"org": org["org_id"], "receipt": receipt}
 
 
-jobs = [onboard_org]
+jobs: list[Job[Any, Any]] = [onboard_org]
