@@ -24,6 +24,9 @@ cross_tenant_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 run_var: contextvars.ContextVar[RunState | None] = contextvars.ContextVar(
     "trio_jobs_run", default=None
 )
+# Which of a worker's tasks is running: "claim", "heartbeat", "progress", "job:<id>", ...
+# The simulation orders driver calls by it, so the seed, not Trio's scheduler, decides.
+role_var: contextvars.ContextVar[str] = contextvars.ContextVar("trio_jobs_role", default="")
 # Set inside run_to_completion(): writes land even past the abort.
 complete_var: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "trio_jobs_complete", default=False

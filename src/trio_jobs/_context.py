@@ -42,12 +42,14 @@ class Signal:
     in the body raises ``trio.Cancelled``.
     """
 
-    __slots__ = ("_deadline", "_reason", "_scopes")
+    __slots__ = ("_deadline", "_parent", "_reason", "_scopes")
 
-    def __init__(self) -> None:
+    def __init__(self, parent: Signal | None = None) -> None:
         self._reason: JobAbortedError | None = None
         self._scopes: list[trio.CancelScope] = []
         self._deadline = math.inf
+        # A step's signal: this step's ceiling and the run's abort, whichever first.
+        self._parent = parent
 
     @property
     def reason(self) -> JobAbortedError | None:
@@ -59,6 +61,8 @@ class Signal:
             self._reason = JobAbortedError(
                 ErrorCode.X_JOB_TIMEOUT, "the job's timeout passed; the attempt fails and retries"
             )
+        if self._reason is None and self._parent is not None:
+            return self._parent.reason
         return self._reason
 
     @property
@@ -212,7 +216,21 @@ class RunState:
             )
 
 
+_ARITY: dict[Any, bool] = {}
+
+
 def _wants_signal(fn: Callable[..., Any]) -> bool:
+    # A lambda is a new object every call; its code object is not: cache on it.
+    code = getattr(fn, "__code__", None)
+    if code is not None and not getattr(fn, "__defaults__", None) and not hasattr(fn, "__self__"):
+        found = _ARITY.get(code)
+        if found is None:
+            found = _ARITY[code] = _signature_wants_signal(fn)
+        return found
+    return _signature_wants_signal(fn)
+
+
+def _signature_wants_signal(fn: Callable[..., Any]) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -292,7 +310,8 @@ class Steps:
         await s.hit("before-step", name)
         if once:
             await s.put(StepRecord(name=name, status="started", seq=seq, executions=executions))
-        step_signal = Signal()
+            await s.hit("after-started", name)
+        step_signal = Signal(parent=s.signal)
         timeout = s.handle.step_timeout
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
         try:

@@ -42,7 +42,7 @@ R = TypeVar("R")
 
 MAX_CONCURRENCY_KEY = 200
 MAX_IDEMPOTENCY_KEY = 1_000
-_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _MISSING: Any = object()
 
 Backoff = Literal["exponential", "linear", "fixed"]
@@ -106,8 +106,10 @@ def _check_retry(retry: object, faults: _faults_t) -> Retry:
         attempts = 3
     if retry.backoff not in ("exponential", "linear", "fixed"):
         faults.append("retry.backoff must be 'exponential', 'linear' or 'fixed'")
-    base = _duration(retry.base, "retry.base", faults, default=1.0)
-    max_delay = _duration(retry.max_delay, "retry.max_delay", faults, default=3600.0)
+    # None is not a duration here: it would silently read as the default (a
+    # max_delay=None under base="2h" would cap every wait below the base).
+    base = _duration(_none_refused(retry.base), "retry.base", faults, default=1.0)
+    max_delay = _duration(_none_refused(retry.max_delay), "retry.max_delay", faults, default=3600.0)
     if base is not None and max_delay is not None and max_delay < base:
         faults.append("retry.max_delay must be at least retry.base")
     if not isinstance(retry.jitter, bool):
@@ -124,6 +126,10 @@ def _check_retry(retry: object, faults: _faults_t) -> Retry:
         jitter=bool(retry.jitter),
         dead_letter=bool(retry.dead_letter),
     )
+
+
+def _none_refused(value: object) -> object:
+    return _MISSING if value is None else value
 
 
 def _duration(
@@ -289,8 +295,15 @@ class Job(Generic[I, R]):
             ) from None
 
     def _payload(self, value: I) -> Any:
+        try:
+            plain = converter.unstructure(value)
+        except RecursionError:
+            raise JobsError(
+                ErrorCode.X_JOB_INPUT_INVALID,
+                f"{self.name}'s input has no JSON form (it refers to itself); pass plain data",
+            ) from None
         return payload_form(
-            converter.unstructure(value),
+            plain,
             what=f"{self.name}'s input",
             code=ErrorCode.X_JOB_INPUT_INVALID,
         )
@@ -572,7 +585,7 @@ def job(
         faults.append("tenant must be a function of the input or the string 'none'")
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 200):
         faults.append("name must be a non-empty string of at most 200 characters")
-    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
+    if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
         faults.append("queue must be 1-128 characters of letters, digits, '_', '.', ':' or '-'")
     resolved_retry = _check_retry(retry, faults)
     limit, key_fn, when_busy = _check_concurrency(concurrency, faults)
@@ -603,13 +616,20 @@ def job(
                     body_faults.append("the job body takes exactly one argument, the JobContext")
             except (TypeError, ValueError):
                 pass
+        module = getattr(fn, "__module__", None)
+        qualname = getattr(fn, "__qualname__", None)
+        if name is None and callable(fn) and not (isinstance(module, str) and qualname):
+            body_faults.append(
+                "name= is required for a body with no __module__/__qualname__ "
+                "(a functools.partial or a callable object)"
+            )
         if body_faults:
             raise JobDeclarationError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
                 "job declaration is invalid: " + "; ".join(body_faults),
                 meta={"faults": body_faults},
             )
-        job_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+        job_name = name if name is not None else f"{module}.{qualname}"
         return Job(
             fn,
             name=job_name,

@@ -7,7 +7,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -33,6 +33,9 @@ from .drivers._protocol import (
     WorkerInfo,
 )
 from .errors import ErrorCode, JobsError
+
+if TYPE_CHECKING:
+    from .outbox import OutboxStore
 
 __all__ = [
     "Actor",
@@ -164,11 +167,15 @@ class Jobs:
         jobs: Sequence[Job[Any, Any]],
         *,
         ids: IdSource | None = None,
+        outbox: OutboxStore | None = None,
     ) -> None:
         self.driver = driver
         self.handles: dict[str, Job[Any, Any]] = check_job_list(jobs)
         self.ids: IdSource = ids if ids is not None else UuidSource()
         self._pending_driver: JobDriver | None = None
+        #: Where ``transaction()`` stages enqueues when the queue is not in the
+        #: app's database (``open_jobs(..., outbox=postgres_outbox(dsn))``).
+        self.outbox = outbox
 
     def __repr__(self) -> str:
         return f"<Jobs driver={self.driver.name!r} jobs={len(self.handles)}>"
@@ -192,7 +199,9 @@ class Jobs:
             yield outer
             return
         _ambient.check_not_aborted()
-        async with self.driver.transaction() as driver_tx:
+        # With an outbox the transaction is the app's database's, and enqueues stage there.
+        source = self.outbox if self.outbox is not None else await _driver_of(self)
+        async with source.transaction() as driver_tx:
             tx = Transaction(self, driver_tx)
             token = _ambient.tx_var.set(tx)
             try:
@@ -207,19 +216,20 @@ class Jobs:
 
     # ------------------------------------------------------------------ operator surface
 
-    def _introspect(self) -> JobIntrospection:
-        intro = self.driver.introspect
+    async def _introspect(self) -> JobIntrospection:
+        driver = await _driver_of(self)  # a driver set_job_driver() swapped in answers
+        intro = driver.introspect
         if intro is None:
             raise JobsError(
                 ErrorCode.X_NOT_IMPLEMENTED,
-                f"the {self.driver.name} driver has no operator surface; use postgres_driver() "
+                f"the {driver.name} driver has no operator surface; use postgres_driver() "
                 "(or memory_driver() in a test)",
             )
         return intro
 
     async def show(self, job_id: str) -> JobView:
         """One job: state, attempts, keys, error, progress, result and its steps."""
-        return await self._introspect().show(_job_id(job_id))
+        return await (await self._introspect()).show(_job_id(job_id))
 
     async def list(
         self,
@@ -236,7 +246,7 @@ class Jobs:
         before: str | None = None,
     ) -> JobPage:
         """A keyset page of jobs, newest first (``limit`` at most ``MAX_JOB_PAGE``)."""
-        return await self._introspect().list(
+        return await (await self._introspect()).list(
             ListFilter(
                 queue=queue,
                 name=name,
@@ -253,16 +263,16 @@ class Jobs:
 
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
         """Requeue a finished job; completed steps replay from storage."""
-        return await self._introspect().requeue(_job_id(job_id), from_step)
+        return await (await self._introspect()).requeue(_job_id(job_id), from_step)
 
     retry = requeue
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
         """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
-        return await self._introspect().cancel(_job_id(job_id), reason)
+        return await (await self._introspect()).cancel(_job_id(job_id), reason)
 
     async def remove(self, job_id: str) -> None:
-        await self._introspect().remove(_job_id(job_id))
+        await (await self._introspect()).remove(_job_id(job_id))
 
     async def remove_many(
         self,
@@ -272,7 +282,9 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await self._introspect().remove_many(BulkFilter(state, queue, name, tenant_id))
+        return await (await self._introspect()).remove_many(
+            BulkFilter(state, queue, name, tenant_id)
+        )
 
     async def requeue_many(
         self,
@@ -282,10 +294,12 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await self._introspect().requeue_many(BulkFilter(state, queue, name, tenant_id))
+        return await (await self._introspect()).requeue_many(
+            BulkFilter(state, queue, name, tenant_id)
+        )
 
     async def promote(self, job_id: str) -> JobView:
-        return await self._introspect().promote(_job_id(job_id))
+        return await (await self._introspect()).promote(_job_id(job_id))
 
     async def promote_many(
         self,
@@ -295,7 +309,9 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await self._introspect().promote_many(BulkFilter(state, queue, name, tenant_id))
+        return await (await self._introspect()).promote_many(
+            BulkFilter(state, queue, name, tenant_id)
+        )
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         """Resolve a ``once`` step whose outcome is unknown: it ran (with ``output``)
@@ -303,28 +319,28 @@ class Jobs:
         form = payload_form(
             output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
         )
-        await self._introspect().resolve_step(_job_id(job_id), step, ran=ran, output=form)
+        await (await self._introspect()).resolve_step(_job_id(job_id), step, ran=ran, output=form)
 
     async def pause_queue(self, queue: str) -> None:
-        await self._introspect().pause_queue(queue)
+        await (await self._introspect()).pause_queue(queue)
 
     async def resume_queue(self, queue: str) -> None:
-        await self._introspect().resume_queue(queue)
+        await (await self._introspect()).resume_queue(queue)
 
     async def paused_queues(self) -> builtins.list[str]:
-        return await self._introspect().paused_queues()
+        return await (await self._introspect()).paused_queues()
 
     async def workers(self) -> builtins.list[WorkerInfo]:
-        return await self._introspect().workers()
+        return await (await self._introspect()).workers()
 
     async def counters(
         self, job: Job[Any, Any] | str | None = None, since: datetime | float = 0.0
     ) -> builtins.list[CounterRow]:
         name = job.name if isinstance(job, Job) else job
-        return await self._introspect().counters(name, _epoch(since) or 0.0)
+        return await (await self._introspect()).counters(name, _epoch(since) or 0.0)
 
     async def stats(self) -> builtins.list[QueueStats]:
-        return await self.driver.stats()
+        return await (await _driver_of(self)).stats()
 
 
 def _job_id(value: object) -> str:
@@ -353,11 +369,14 @@ async def open_jobs(
     *,
     jobs: Sequence[Job[Any, Any]] = (),
     ids: IdSource | None = None,
+    outbox: OutboxStore | None = None,
 ) -> AsyncIterator[Jobs]:
     """Open ``driver`` and install the ambient facade for the block.
 
     ``enqueue`` anywhere under it (request handler, job body, script, test)
-    resolves this facade. Leaving the block closes the driver.
+    resolves this facade. Leaving the block closes the driver. ``outbox`` (for a
+    queue outside the app's database, see :mod:`trio_jobs.outbox`) is opened and
+    closed with it, and ``jobs.transaction()`` stages into it.
     """
     if driver is None:
         if not _default_driver:
@@ -371,19 +390,27 @@ async def open_jobs(
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID, "open_jobs takes a driver, e.g. memory_driver()"
         )
-    facade = Jobs(driver, jobs, ids=ids)
+    facade = Jobs(driver, jobs, ids=ids, outbox=outbox)
     await driver.open()
     token = _ambient.facade_var.set(facade)
     try:
+        if outbox is not None:
+            await outbox.open()
         yield facade
     finally:
         _ambient.facade_var.reset(token)
         import trio
 
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await driver.close()
-            if facade._pending_driver is not None and facade._pending_driver is not driver:
-                await facade._pending_driver.close()
+            # The driver it opened, and any set_job_driver() swapped in (or left pending).
+            closing: builtins.list[JobDriver] = []
+            for each in (driver, facade.driver, facade._pending_driver):
+                if each is not None and all(each is not seen for seen in closing):
+                    closing.append(each)
+            for each in closing:
+                await each.close()
+            if outbox is not None:
+                await outbox.close()
 
 
 def current_jobs() -> Jobs:
@@ -457,7 +484,13 @@ async def enqueue_inputs(
     actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
     if explicit_actor and actor is not None and not isinstance(actor, Actor):
         raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
-    cross = _ambient.cross_tenant_var.get() is not None
+    # cross_tenant() admits the ambient actor only while that actor holds the
+    # permission: another actor set inside the block is checked as usual.
+    cross = (
+        _ambient.cross_tenant_var.get() is not None
+        and actor_obj is not None
+        and CROSS_TENANT_PERMISSION in actor_obj.permissions
+    )
 
     requests: list[EnqueueRequest] = []
     for index, raw in enumerate(inputs):

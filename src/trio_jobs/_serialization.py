@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import enum
+import math
 import types
 import typing
 import uuid
@@ -133,7 +134,28 @@ def payload_form(value: Any, *, what: str, code: ErrorCode) -> Any:
     form = orjson.loads(raw)
     if depth_of(form) > MAX_PAYLOAD_DEPTH:
         raise JobsError(code, f"{what} nests deeper than {MAX_PAYLOAD_DEPTH} levels; flatten it")
+    if _has_non_finite(value):
+        # JSON has no NaN or infinity: the encoder would store null, and the worker
+        # would read back a payload that is not the one enqueued.
+        raise JobsError(code, f"{what} holds a NaN or infinite number, which JSON cannot store")
     return form
+
+
+def _has_non_finite(value: Any) -> bool:
+    # Runs after dumps() succeeded (so no cycles) and the size check (so bounded).
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif attrs.has(type(item)):
+            stack.append(converter.unstructure(item))
+    return False
 
 
 # --------------------------------------------------------------------------- JSON Schema

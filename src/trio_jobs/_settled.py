@@ -11,6 +11,10 @@ __all__ = ["Outcome", "Settled"]
 
 
 class Outcome(enum.StrEnum):
+    """How a run ended, as ``on_settled`` is told: ``"completed"``, ``"dead-lettered"``,
+    ``"dropped"`` (failed for good on a ``dead_letter=False`` job) or ``"refused"``
+    (``when_busy="fail"`` over a busy key)."""
+
     COMPLETED = "completed"
     DEAD_LETTERED = "dead-lettered"
     DROPPED = "dropped"

@@ -31,7 +31,8 @@ __all__ = [
 Duration = str | int | float | timedelta
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# ASCII only: `\d` would otherwise admit any Unicode digit, and `$` a trailing newline.
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", re.ASCII)
 
 
 def parse_duration(value: object, *, field: str = "duration", allow_zero: bool = False) -> float:
@@ -47,9 +48,12 @@ def parse_duration(value: object, *, field: str = "duration", allow_zero: bool =
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise _bad(field, "it is too large") from None
     elif isinstance(value, str):
-        match = _DURATION_RE.match(value)
+        match = _DURATION_RE.fullmatch(value)
         if match is None:
             raise _bad(field, 'write it as "250ms", "30s", "1m", "2h", "3d" or a number of seconds')
         seconds = float(match.group(1)) * _UNITS[match.group(2)]

@@ -8,6 +8,7 @@ reason into the spec's outcome once the body has stopped.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import os
@@ -58,6 +59,9 @@ log = logging.getLogger("trio_jobs")
 
 #: How often progress is written at most, per run.
 PROGRESS_INTERVAL = 1.0
+#: The idle poll ceiling, and the one while the driver's wake is proven live.
+IDLE_POLL_MAX = 2.0
+IDLE_POLL_MAX_PROVEN = 5.0
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
 
@@ -79,22 +83,54 @@ class WorkerStats:
 
 
 class _Held:
-    __slots__ = ("abandoned", "abort_at", "claimed", "handle", "last_landed", "state")
+    __slots__ = (
+        "abandoned",
+        "abort_at",
+        "claimed",
+        "handle",
+        "last_landed",
+        "lost",
+        "pending",
+        "settled",
+        "state",
+    )
 
     def __init__(self, claimed: ClaimedJob, now: float) -> None:
         self.claimed = claimed
         self.state: RunState | None = None
         self.abort_at: float | None = None
         self.abandoned = False
+        self.lost = False
+        # Its settle landed: the row is no longer this slot's to renew (on_settled may
+        # still be running in it).
+        self.settled = False
         self.last_landed = now
         self.handle: Job[Any, Any] | None = None
+        # An abort that came before the run state existed; applied when it does.
+        self.pending: tuple[ErrorCode, str] | None = None
 
     def abort(self, code: ErrorCode, message: str) -> None:
         if self.state is not None:
             if self.state.signal.abort(code, message) and self.abort_at is None:
                 self.abort_at = trio.current_time()
-        elif self.abort_at is None:
-            self.abort_at = trio.current_time()
+        else:
+            if self.pending is None:
+                self.pending = (code, message)
+            if self.abort_at is None:
+                self.abort_at = trio.current_time()
+
+
+def _claim_key(claimed: ClaimedJob) -> tuple[str, int]:
+    return (claimed.id, claimed.fence.claim)
+
+
+def _progress_due(state: RunState | None, now: float) -> bool:
+    """Progress is written at most once a second per run (the settle writes the last)."""
+    return (
+        state is not None
+        and state.progress_dirty
+        and now - state.progress_written_at >= PROGRESS_INTERVAL - 1e-9
+    )
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -127,7 +163,7 @@ class Worker:
         concurrency: int | Mapping[str, int] = 8,
         max_in_flight: int | None = None,
         poll_interval: Duration = "250ms",
-        idle_poll_max: Duration = "2s",
+        idle_poll_max: Duration | None = None,
         visibility_timeout: Duration = "30s",
         drain_timeout: Duration = "30s",
         heartbeat_interval: Duration | None = None,
@@ -172,7 +208,12 @@ class Worker:
             )
         self.max_in_flight = max_in_flight
         self.poll_interval = parse_duration(poll_interval, field="poll_interval")
-        self.idle_poll_max = parse_duration(idle_poll_max, field="idle_poll_max")
+        # None: 2 s, and 5 s while the driver's wake is proven live (the spec's default).
+        self._idle_poll_max_set = (
+            parse_duration(idle_poll_max, field="idle_poll_max")
+            if idle_poll_max is not None
+            else None
+        )
         self.visibility_timeout = parse_duration(visibility_timeout, field="visibility_timeout")
         self.drain_timeout = parse_duration(drain_timeout, field="drain_timeout", allow_zero=True)
         self.heartbeat_interval = (
@@ -191,16 +232,22 @@ class Worker:
         self.id = worker_id if worker_id is not None else jobs.ids.new_id()
         self._jitter = jitter if jitter is not None else default_jitter()
         self._boundary = boundary
-        self._held: dict[str, _Held] = {}
+        # Keyed by claim, not by job id: after a lease lapses the same worker may
+        # claim the job again while the stale slot is still unwinding.
+        self._held: dict[tuple[str, int], _Held] = {}
         self._in_flight: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._rotation = 0
         self._started = False
         self._stopping = False
         self._draining = False
+        self._drain_waited = False
         self._finished = trio.Event() if _in_trio() else None
         self._slot_freed: trio.Event | None = None
         self._wait_scope: trio.CancelScope | None = None
         self._idle: trio.Event | None = None
+        # When the rows this worker handed back (retries, sleeps, event waits)
+        # fall due, on the driver's clock: an idle wait never outlasts the next.
+        self._due_at: list[float] = []
         self._counts = dict.fromkeys(
             ("done", "retried", "dead_lettered", "failed", "drained", "leases_lost", "abandoned"), 0
         )
@@ -217,6 +264,18 @@ class Worker:
             capacity=capacity,
             max_in_flight=self.max_in_flight,
             **self._counts,
+        )
+
+    @property
+    def idle_poll_max(self) -> float:
+        """The idle poll ceiling: as given, else 2 s, or 5 s while the wake is proven."""
+        if self._idle_poll_max_set is not None:
+            return self._idle_poll_max_set
+        wake = self.driver.wake
+        return (
+            IDLE_POLL_MAX_PROVEN
+            if wake is not None and getattr(wake, "live", False)
+            else IDLE_POLL_MAX
         )
 
     @property
@@ -254,17 +313,13 @@ class Worker:
         return once :meth:`run` has returned. A no-op before ``run()`` started."""
         if not self._started:
             return
-        if not self._draining:
-            self._draining = True
-            self._stop_claiming()
-            for held in list(self._held.values()):
-                held.abort(
-                    ErrorCode.X_DRAINING, f"worker {self.id} is draining (SIGTERM or drain())"
-                )
+        if not self._drain_waited:
+            self._drain_waited = True
+            self.begin_drain()
             with trio.move_on_after(self.drain_timeout):
                 await self._wait_idle()
             for held in list(self._held.values()):
-                if not held.abandoned:
+                if not held.abandoned and not held.settled:
                     held.abandoned = True
                     self._counts["abandoned"] += 1
                     _log(
@@ -276,6 +331,17 @@ class Worker:
                     )
         assert self._finished is not None
         await self._finished.wait()
+
+    def begin_drain(self) -> None:
+        """The synchronous half of :meth:`drain`: stop claiming and abort every held
+        job's signal with ``X_DRAINING`` now (a signal handler or the simulation
+        calls it); :meth:`drain` then waits."""
+        if not self._started or self._draining:
+            return
+        self._draining = True
+        self._stop_claiming()
+        for held in list(self._held.values()):
+            held.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining (SIGTERM or drain())")
 
     async def stop(self) -> None:
         """Stop claiming and wait for held work without aborting it; then ``run()`` returns."""
@@ -309,13 +375,16 @@ class Worker:
         self._stopping = False
         self._started_at = self.driver.now()
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeat_loop)
-                nursery.start_soon(self._progress_loop)
-                task_status.started()
-                await self._claim_loop(nursery, until_quiet=until_quiet)
-                await self._wait_idle()
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as services:
+                services.start_soon(self._heartbeat_loop)
+                services.start_soon(self._progress_loop)
+                services.start_soon(self._watch_cancel)
+                # Slots and settle hooks live in their own nursery, which exits
+                # only once every one of them has finished.
+                async with trio.open_nursery() as work:
+                    task_status.started()
+                    await self._claim_loop(work, until_quiet=until_quiet)
+                services.cancel_scope.cancel()
         finally:
             self._finished.set()
             intro = self.driver.introspect
@@ -326,15 +395,19 @@ class Worker:
                     except Exception:
                         pass
 
-    def _room(self) -> dict[str, int]:
-        free = {q: self.slots[q] - self._in_flight[q] for q in self.queues}
+    def _room(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Split the free room over the queues (``ceil(room / queues left)``),
+        starting after the last queue served; ``skip`` are queues this pass found
+        empty, whose room goes to the next."""
+        free = {q: self.slots[q] - self._in_flight[q] for q in self.queues if q not in skip}
         total = sum(max(0, n) for n in free.values())
         if self.max_in_flight is not None:
             total = min(total, self.max_in_flight - len(self._held))
         if total <= 0:
             return {}
-        order = self.queues[self._rotation :] + self.queues[: self._rotation]
-        self._rotation = (self._rotation + 1) % len(self.queues)
+        order = [
+            q for q in self.queues[self._rotation :] + self.queues[: self._rotation] if q in free
+        ]
         want: dict[str, int] = {}
         left = len(order)
         for q in order:
@@ -345,46 +418,74 @@ class Worker:
                 total -= share
         return want
 
+    async def _claim_pass(self, nursery: trio.Nursery, drop: frozenset[str]) -> tuple[int, bool]:
+        """One pass: claim the room, then hand what a queue that came back short
+        leaves to the queues that filled their share. Answers how many jobs were
+        claimed and whether the claim buried any rows."""
+        claimed_n = 0
+        buried = False
+        skip: frozenset[str] = frozenset()
+        while True:
+            want = self._room(skip)
+            if not want:
+                break
+            result = await self.driver.claim(
+                ClaimOptions(
+                    worker_id=self.id,
+                    queues=want,
+                    visibility_timeout=self.visibility_timeout,
+                    drop_names=drop,
+                )
+            )
+            for ex in result.exhausted:
+                nursery.start_soon(self._exhausted, ex)
+            buried = buried or bool(result.exhausted)
+            now = trio.current_time()
+            got = dict.fromkeys(want, 0)
+            for claimed in result.jobs:
+                held = _Held(claimed, now)
+                self._held[_claim_key(claimed)] = held
+                self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
+                got[claimed.queue] = got.get(claimed.queue, 0) + 1
+                nursery.start_soon(self._slot, held)
+            claimed_n += len(result.jobs)
+            served = [q for q in want if got[q] > 0]
+            if served:
+                # The next pass starts after the last queue served: none starves.
+                self._rotation = (self.queues.index(served[-1]) + 1) % len(self.queues)
+            short = frozenset(q for q in want if got[q] < want[q])
+            if short == frozenset(want):
+                break  # every queue asked came back short: nothing more is due
+            skip |= short
+        return claimed_n, buried
+
     async def _claim_loop(self, nursery: trio.Nursery, *, until_quiet: bool) -> None:
+        _ambient.role_var.set("claim")
         delay = self.poll_interval
         drop = frozenset(h.name for h in self.jobs.handles.values() if not h.retry.dead_letter)
         while not self._stopping:
-            want = self._room()
-            if not want:
+            if not self._room():
                 self._slot_freed = trio.Event()
                 await self._slot_freed.wait()
                 continue
             try:
-                result = await self.driver.claim(
-                    ClaimOptions(
-                        worker_id=self.id,
-                        queues=want,
-                        visibility_timeout=self.visibility_timeout,
-                        drop_names=drop,
-                    )
-                )
+                claimed_n, buried = await self._claim_pass(nursery, drop)
             except JobsError as exc:
                 _log(logging.WARNING, "jobs.claim.failed", code=exc.code, worker_id=self.id)
                 await self._idle_wait(delay)
                 delay = min(delay * 2, self.idle_poll_max)
                 continue
-            for ex in result.exhausted:
-                nursery.start_soon(self._exhausted, ex)
-            now = trio.current_time()
-            for claimed in result.jobs:
-                held = _Held(claimed, now)
-                self._held[claimed.id] = held
-                self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
-                nursery.start_soon(self._slot, held)
-            if result.jobs:
+            if claimed_n:
                 delay = self.poll_interval
-                if len(result.jobs) < sum(want.values()) and not until_quiet:
+                if self._room() and not until_quiet:
                     await self._idle_wait(self.poll_interval)
                 else:
                     await trio.lowlevel.checkpoint()
                 continue
             if until_quiet:
-                if not self._held and not result.exhausted:
+                if not self._held:
+                    if buried:
+                        continue  # the claim buried rows: look again before calling it quiet
                     return
                 self._slot_freed = trio.Event()
                 await self._slot_freed.wait()
@@ -393,6 +494,12 @@ class Worker:
             delay = min(delay * 2, self.idle_poll_max)
 
     async def _idle_wait(self, timeout: float) -> None:
+        if self._due_at:
+            now = self.driver.now()
+            while self._due_at and self._due_at[0] <= now:
+                heapq.heappop(self._due_at)  # due: the claim before this wait saw it
+            if self._due_at:
+                timeout = min(timeout, self._due_at[0] - now)
         with trio.CancelScope() as scope:
             self._wait_scope = scope
             if self._stopping:
@@ -407,6 +514,7 @@ class Worker:
     # ------------------------------------------------------------------ service tasks
 
     async def _heartbeat_loop(self) -> None:
+        _ambient.role_var.set("heartbeat")
         intro = self.driver.introspect
         while True:
             if intro is not None:
@@ -414,10 +522,44 @@ class Worker:
                     await intro.record_worker(self._info(), self.visibility_timeout)
                 except Exception:
                     pass
-            await trio.sleep(self.heartbeat_interval)
+            next_beat = trio.current_time() + self.heartbeat_interval
+            while trio.current_time() < next_beat:
+                # Wake when a lease window closes too: the window is measured from the
+                # last renewal that landed, so a renewal that hangs is caught when the
+                # window closes, the same as one that rejects.
+                await trio.sleep_until(min(next_beat, self._next_window_close()))
+                self._check_windows()
             await self._beat(progress_only=False)
 
+    def _window_close(self, held: _Held) -> float:
+        return held.last_landed + self.visibility_timeout
+
+    def _watched(self) -> list[_Held]:
+        return [h for h in self._held.values() if not h.abandoned and not h.lost and not h.settled]
+
+    def _next_window_close(self) -> float:
+        return min((self._window_close(h) for h in self._watched()), default=math.inf)
+
+    def _check_windows(self) -> None:
+        now = trio.current_time()
+        for held in self._watched():
+            if now >= self._window_close(held):
+                self._lease_lost(held)
+
+    async def _watch_cancel(self) -> None:
+        """Cancelling the scope around run() is a drain with no budget: every held
+        job's signal aborts with X_DRAINING, which cancels its (shielded) body."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            if self._held:
+                self._draining = True
+                self._stop_claiming()
+                for held in list(self._held.values()):
+                    held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
+
     async def _progress_loop(self) -> None:
+        _ambient.role_var.set("progress")
         while True:
             await trio.sleep(PROGRESS_INTERVAL)
             if any(h.state is not None and h.state.progress_dirty for h in self._held.values()):
@@ -431,26 +573,26 @@ class Worker:
             started_at=self._started_at,
             queues=list(self.queues),
             slots=dict(self.slots),
-            in_flight=list(self._held),
+            in_flight=[h.claimed.id for h in self._held.values()],
         )
 
     async def _beat(self, *, progress_only: bool) -> None:
         now = trio.current_time()
         batch: list[_Held] = []
         for held in list(self._held.values()):
-            if held.abandoned:
+            if held.abandoned or held.settled:
                 continue
             state = held.state
             if state is not None and state.signal.reason is not None:
                 if held.abort_at is None:
                     held.abort_at = now
-                if now - held.abort_at > self.drain_timeout:
+                if now - held.abort_at >= self.drain_timeout:
                     # The body ignores its abort: stop renewing so the lease lapses
                     # and the queue redelivers the job (the attempt is counted).
                     held.abandoned = True
                     self._counts["abandoned"] += 1
                     continue
-            if progress_only and (state is None or not state.progress_dirty):
+            if progress_only and not _progress_due(state, now):
                 continue
             batch.append(held)
         if not batch:
@@ -458,13 +600,15 @@ class Worker:
         requests = []
         for held in batch:
             progress = None
-            if held.state is not None and held.state.progress_dirty:
+            if held.state is not None and _progress_due(held.state, now):
                 progress = held.state.progress
                 held.state.progress_dirty = False
                 held.state.progress_written_at = now
             requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
         statuses: list[str] | None = None
-        with trio.move_on_after(self.heartbeat_interval):
+        # Bounded by the heartbeat interval and by the first lease window to close.
+        budget = min(self.heartbeat_interval, min(self._window_close(h) for h in batch) - now)
+        with trio.move_on_after(max(0.0, budget)):
             try:
                 statuses = await self.driver.heartbeat(requests, self.visibility_timeout)
             except Exception:
@@ -478,7 +622,7 @@ class Worker:
                     attempt=held.claimed.attempt,
                     worker_id=self.id,
                 )
-                if trio.current_time() - held.last_landed >= self.visibility_timeout:
+                if trio.current_time() >= self._window_close(held):
                     self._lease_lost(held)
             return
         landed = trio.current_time()
@@ -491,12 +635,13 @@ class Worker:
                 self._lease_lost(held)
 
     def _lease_lost(self, held: _Held) -> None:
-        if (
+        if held.lost or (
             held.state is not None
             and held.state.signal.reason is not None
             and held.state.signal.reason.code == ErrorCode.X_JOB_LEASE_LOST
         ):
             return
+        held.lost = True
         self._counts["leases_lost"] += 1
         _log(
             logging.ERROR,
@@ -516,6 +661,7 @@ class Worker:
     # ------------------------------------------------------------------ a slot
 
     async def _slot(self, held: _Held) -> None:
+        _ambient.role_var.set(f"job:{held.claimed.id}")
         try:
             await self._execute(held)
         except trio.Cancelled:
@@ -526,7 +672,7 @@ class Worker:
                 extra={"event": "jobs.worker.slot-failed", "job_id": held.claimed.id},
             )
         finally:
-            self._held.pop(held.claimed.id, None)
+            self._held.pop(_claim_key(held.claimed), None)
             self._in_flight[held.claimed.queue] -= 1
             if self._slot_freed is not None:
                 self._slot_freed.set()
@@ -605,9 +751,10 @@ class Worker:
             event_poll=self.event_poll or float(getattr(self.driver, "event_poll_default", 30.0)),
         )
         held.state = state
-        if held.abort_at is not None:
-            # Aborted (a drain) between the claim and now.
-            state.signal.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining")
+        if held.pending is not None:
+            # Aborted (a drain, a lost lease) between the claim and now.
+            state.signal.abort(*held.pending)
+            state.lost = held.lost
         if unwinding:
             await self._unwind(held, handle, state, None)
             return
@@ -662,6 +809,7 @@ class Worker:
             )
         )
         if landed:
+            held.settled = True
             self._counts["done"] += 1
             await self._on_settled(
                 handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
@@ -715,6 +863,7 @@ class Worker:
                 )
             )
             if landed:
+                held.settled = True
                 self._counts["failed"] += 1
                 await self._on_settled(
                     handle,
@@ -749,7 +898,11 @@ class Worker:
             _ambient.tx_var.set(None),
         )
         try:
-            with trio.CancelScope(deadline=deadline) as scope:
+            # Shielded: the body stops only through its signal (the timeout, a drain,
+            # a lost lease, a cancel), so it always hears the reason before it sees
+            # trio.Cancelled. Cancelling the scope around run() reaches the body
+            # through _watch_cancel, which aborts it with X_DRAINING.
+            with trio.CancelScope(deadline=deadline, shield=True) as scope:
                 state.signal._attach(scope, deadline)
                 try:
                     result = await _call(fn)
@@ -852,8 +1005,18 @@ class Worker:
 
     async def _nack(self, held: _Held, options: NackOptions) -> bool:
         landed = await self._settle_write(self.driver.nack(held.claimed.id, options))
+        held.settled = held.settled or landed
         if not landed:
             self._unowned(held)
+        elif options.state in ("ready", "delayed", "suspended"):
+            # A retry or a sleep this worker handed back starts when it falls due,
+            # not a poll later.
+            run_at = (
+                options.run_at
+                if options.run_at is not None
+                else self.driver.now() + (options.delay or 0.0)
+            )
+            heapq.heappush(self._due_at, run_at)
         return landed
 
     async def _fail(
@@ -877,11 +1040,20 @@ class Worker:
         if not final:
             assert handle is not None or klass is None
             retry = handle.retry if handle is not None else None
-            if klass == "retry-after" and isinstance(error, JobsError) and retry is not None:
-                delay = retry_after_delay(
-                    retry, float(error.meta.get("retry_after_seconds", retry.base))
-                )
+            seconds = (
+                error.meta.get("retry_after_seconds") if isinstance(error, JobsError) else None
+            )
+            if (
+                klass == "retry-after"
+                and retry is not None
+                and isinstance(seconds, int | float)
+                and not isinstance(seconds, bool)
+                and math.isfinite(seconds)
+            ):
+                delay = retry_after_delay(retry, float(seconds))
             elif retry is not None:
+                # An unclassified code, or a retry-after code without usable seconds:
+                # the ordinary backoff.
                 delay = backoff_delay(retry, claimed.attempt, self._jitter)
             else:
                 delay = self.poll_interval
@@ -951,6 +1123,7 @@ class Worker:
     ) -> None:
         """Compensate, last-in first-out, a run that failed for good."""
         claimed = held.claimed
+        self._unwind_phase(held, state)
         try:
             rec = state.records.get(RESERVED_STEP)
             if rec is None:
@@ -978,6 +1151,7 @@ class Worker:
                 await self._guarded(held, state, lambda: handle.run(ctx))
                 if await self._aborted_verdict(held, handle, state, None):
                     return
+                self._unwind_phase(held, state)
         except LeaseLost:
             return
         code, message = original
@@ -1057,7 +1231,18 @@ class Worker:
                 return
         await self._bury(held, handle, code, message, state.input, state)
 
+    def _unwind_phase(self, held: _Held, state: RunState) -> None:
+        """The unwind is its own phase: a timeout that failed the body (or cut its
+        replay short) must not cancel the compensators before they start. Each
+        compensator gets the job's ``timeout`` afresh; a drain, a lost lease or a
+        cancel still stops the unwind."""
+        reason = state.signal.reason
+        if reason is not None and reason.code == ErrorCode.X_JOB_TIMEOUT:
+            state.signal = Signal()
+            held.abort_at = None
+
     async def _exhausted(self, ex: Exhausted) -> None:
+        _ambient.role_var.set(f"exhausted:{ex.id}")
         _log(
             logging.WARNING,
             "jobs.claim.exhausted",

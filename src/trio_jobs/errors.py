@@ -95,7 +95,7 @@ class ErrorCode(enum.StrEnum):
     X_WEBHOOK_SIGNATURE_STALE = "X_WEBHOOK_SIGNATURE_STALE"
 
 
-_CODE_RE = re.compile(r"^X_[A-Z0-9_]+$")
+_CODE_RE = re.compile(r"X_[A-Z0-9_]+")
 
 RetryClass = Literal["terminal", "retry-after"]
 
@@ -128,7 +128,7 @@ def register_error_retry(classes: Mapping[str, RetryClass]) -> None:
     """
     checked: dict[str, RetryClass] = {}
     for code, klass in classes.items():
-        if not isinstance(code, str) or not _CODE_RE.match(code):
+        if not isinstance(code, str) or not _CODE_RE.fullmatch(code):
             raise JobsError(
                 ErrorCode.X_CONFIG_INVALID,
                 "register_error_retry takes codes of the form X_UPPER_CASE; "
@@ -176,7 +176,7 @@ class JobsError(Exception):
         self, code: str, message: str = "", *, meta: Mapping[str, Any] | None = None
     ) -> None:
         code = str(code)
-        if not _CODE_RE.match(code):
+        if not _CODE_RE.fullmatch(code):
             raise ValueError(f"JobsError code must match X_[A-Z0-9_]+, got {code!r}")
         self.code = code
         self.message = message

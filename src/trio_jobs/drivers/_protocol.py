@@ -66,7 +66,9 @@ JobState = Literal[
 ]
 StepStatus = Literal["started", "completed", "failed", "sleeping", "waiting"]
 
+#: States that hold the idempotency key: a row here dedupes a new enqueue.
 LIVE_STATES: frozenset[str] = frozenset({"ready", "delayed", "running", "suspended"})
+#: States a run ends in; the same key enqueues a new job at once.
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "dead", "cancelled"})
 #: States ``promote`` moves: ``delayed``, or ``ready`` backing off before a retry.
 PROMOTABLE_STATES: tuple[str, ...] = ("delayed", "ready")
@@ -81,10 +83,13 @@ ALL_STATES: tuple[str, ...] = (
     "cancelled",
 )
 
+#: The most inputs one ``enqueue_many`` takes (``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` past it).
 MAX_ENQUEUE_BATCH = 10_000
 #: One round trip per this many inputs in ``enqueue_many``.
 ENQUEUE_CHUNK = 1_000
+#: The most rows one ``list`` page holds (``X_JOB_PAGE_INVALID`` past it).
 MAX_JOB_PAGE = 200
+#: The most rows one bulk call (``remove_many``, ``requeue_many``, ``promote_many``) moves.
 MAX_BULK_ROWS = 1_000
 #: Attempts a compensating job's row carries past ``retry.attempts`` to unwind in.
 UNWIND_MARGIN = 2
@@ -116,6 +121,8 @@ class EnqueueRequest:
 
 @attrs.frozen
 class EnqueueResult:
+    """What a driver answers per staged row: its ids, and whether a live key deduped it."""
+
     id: str
     run_id: str
     deduped: bool
@@ -146,6 +153,8 @@ class ClaimOptions:
 
 @attrs.frozen
 class ClaimedJob:
+    """A row handed to a worker: its payload, keys, the counted attempt and the fence."""
+
     id: str
     run_id: str
     name: str
@@ -188,6 +197,8 @@ class Exhausted:
 
 @attrs.frozen
 class ClaimResult:
+    """What a claim answers: the rows it handed out, and the rows it buried."""
+
     jobs: Sequence[ClaimedJob] = ()
     exhausted: Sequence[Exhausted] = ()
 
@@ -197,6 +208,8 @@ class ClaimResult:
 
 @attrs.frozen
 class Progress:
+    """A run's progress: ``done`` of ``total``, with an optional short note."""
+
     done: float
     total: float
     note: str | None = None
@@ -204,6 +217,8 @@ class Progress:
 
 @attrs.frozen
 class AckOptions:
+    """Settle a claimed row ``done``, fenced on ``fence``, with the body's result."""
+
     fence: Fence
     result: Any = None
     duration: float | None = None
@@ -235,6 +250,8 @@ class NackOptions:
 
 
 class HeartbeatStatus:
+    """What a heartbeat answers per row: ``ok``, ``lost`` or ``cancelled``."""
+
     OK = "ok"
     LOST = "lost"
     CANCELLED = "cancelled"
@@ -242,6 +259,8 @@ class HeartbeatStatus:
 
 @attrs.frozen
 class HeartbeatRequest:
+    """Renew one held row's lease (and write its progress, when given)."""
+
     job_id: str
     fence: Fence
     progress: Progress | None = None
@@ -286,6 +305,8 @@ class StepStore(Protocol):
 
 @attrs.frozen
 class EventRecord:
+    """One published event, as the bus stored it (``published_at`` on the bus's clock)."""
+
     id: int
     name: str
     payload: Any
@@ -335,6 +356,8 @@ class LeaseStore(Protocol):
 
 @attrs.frozen
 class QueueStats:
+    """Rows per state in one queue; ``depth`` is what waits to run."""
+
     queue: str
     ready: int = 0
     delayed: int = 0
@@ -353,6 +376,8 @@ class QueueStats:
 
 @attrs.frozen
 class StepView:
+    """One step of a job as the operator surface shows it."""
+
     name: str
     status: str
     executions: int
@@ -362,6 +387,8 @@ class StepView:
 
 @attrs.frozen
 class JobView:
+    """One job as the operator surface shows it (``steps`` may be empty in a list row)."""
+
     id: str
     run_id: str
     name: str
@@ -387,6 +414,8 @@ class JobView:
 
 @attrs.frozen
 class JobPage:
+    """A keyset page of jobs, newest first; pass ``after``/``before`` to move."""
+
     rows: Sequence[JobView]
     after: str | None = None
     before: str | None = None
@@ -394,6 +423,8 @@ class JobPage:
 
 @attrs.frozen
 class ListFilter:
+    """What ``list`` filters on, and the page it asks for."""
+
     queue: str | None = None
     name: str | None = None
     state: str | None = None
@@ -408,6 +439,8 @@ class ListFilter:
 
 @attrs.frozen
 class BulkFilter:
+    """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches."""
+
     state: str
     queue: str | None = None
     name: str | None = None
@@ -416,12 +449,16 @@ class BulkFilter:
 
 @attrs.frozen
 class BulkResult:
+    """A bulk operation's answer: rows it changed and rows still left (call again until 0)."""
+
     affected: int
     remaining: int
 
 
 @attrs.frozen
 class WorkerInfo:
+    """A live worker: id, host, pid, start, queues, slots, in-flight job ids, last heartbeat."""
+
     id: str
     host: str
     pid: int
@@ -434,6 +471,8 @@ class WorkerInfo:
 
 @attrs.frozen
 class CounterRow:
+    """History for one job name in one time bucket (tiers: 1 min / 24 h, 5 min / 7 d, 1 h / 30 d)."""
+
     bucket: float
     name: str
     done: int = 0
@@ -541,7 +580,12 @@ class DriverTransaction(Protocol):
 
 
 class WakeSource(Protocol):
-    """A push hook: a driver that can announce new work offers one."""
+    """A push hook: a driver that can announce new work offers one.
+
+    ``live`` is ``True`` once the wake is proven to deliver (the worker then idles
+    up to 5 s between polls instead of 2 s); polling stays the guarantee."""
+
+    live: bool
 
     async def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout."""

@@ -1,5 +1,19 @@
-"""Testing tools: the harness, and (from the simulation issue) crash_proof and simulate_jobs."""
+"""Testing tools: the harness, crash_proof, and simulate_jobs."""
 
+from ._crash import CrashReport, crash_proof
 from ._harness import Harness, HarnessClock, StepTrace, Trace, open_harness
+from ._simulate import Faults, SimulationResult, World, simulate_jobs
 
-__all__ = ["Harness", "HarnessClock", "StepTrace", "Trace", "open_harness"]
+__all__ = [
+    "CrashReport",
+    "Faults",
+    "Harness",
+    "HarnessClock",
+    "SimulationResult",
+    "StepTrace",
+    "Trace",
+    "World",
+    "crash_proof",
+    "open_harness",
+    "simulate_jobs",
+]

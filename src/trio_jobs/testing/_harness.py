@@ -65,6 +65,8 @@ class HarnessClock:
 
 @attrs.frozen
 class StepTrace:
+    """One step in a :class:`Trace`: how many times its fn ran, its stored output, its status."""
+
     executions: int
     output: Any
     status: str

@@ -12,8 +12,9 @@ fixture that yields a :class:`Target` over a fresh, opened driver::
             yield Target(driver, clock.advance)
             await driver.close()
 
-``advance(seconds)`` moves the driver's clock (the database's, on PostgreSQL,
-through a test-only offset). Capabilities a driver declares missing
+``advance(seconds)`` moves the driver's clock: the memory driver and the
+PostgreSQL driver both take a test-only ``clock=`` (an object with ``now()``),
+which replaces the database's clock in every due-time and lease decision. Capabilities a driver declares missing
 (``leases``/``introspect`` is ``None``) skip their tests with the reason.
 Needs pytest-trio with ``trio_mode = true``.
 """
@@ -471,11 +472,15 @@ class DriverConformance:
 
     async def test_publish_in_a_transaction_commits_or_vanishes(self, target: Target) -> None:
         d = target.driver
-        with pytest.raises(RuntimeError):
+
+        async def rolled_back() -> None:
             async with d.transaction() as tx:
                 await tx.publish("tx-e", {"n": 1})
                 await tx.enqueue_many([request(key="tx-a")])
                 raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await rolled_back()
         found, _ = await d.events.poll("tx-e", 0.0)
         assert found == []
         assert sum(s.ready for s in await d.stats()) == 0

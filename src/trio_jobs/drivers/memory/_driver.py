@@ -8,9 +8,7 @@ Trio thread each call is atomic, as one statement is on PostgreSQL.
 
 from __future__ import annotations
 
-import base64
 import builtins
-import hashlib
 import heapq
 import itertools
 import math
@@ -19,11 +17,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import orjson
 import trio
 
 from ..._time import Clock, TrioClock
 from ...errors import ErrorCode, JobsError
+from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
     LIVE_STATES,
     MAX_BULK_ROWS,
@@ -92,33 +90,12 @@ class _Row:
     tx: object | None = None  # the open transaction that staged it, until commit
 
 
+def _seq(record: StepRecord) -> int:
+    return record.seq
+
+
 def _live_key(row: _Row) -> tuple[str, str | None, str]:
     return (row.name, row.tenant_id, row.idempotency_key)
-
-
-_CURSOR_SALT = b"trio-jobs-cursor-v1"
-
-
-def encode_cursor(created_at: float, job_id: str) -> str:
-    """A keyset cursor over ``(created_at, id)``, checksummed so a hand-made one is refused."""
-    body = orjson.dumps([created_at, job_id])
-    mac = hashlib.blake2s(body, key=_CURSOR_SALT, digest_size=6).digest()
-    return base64.urlsafe_b64encode(mac + body).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        mac, body = raw[:6], raw[6:]
-        if hashlib.blake2s(body, key=_CURSOR_SALT, digest_size=6).digest() != mac:
-            raise ValueError("checksum")
-        created_at, job_id = orjson.loads(body)
-        return float(created_at), str(job_id)
-    except (ValueError, TypeError, orjson.JSONDecodeError):
-        raise JobsError(
-            ErrorCode.X_JOB_PAGE_INVALID,
-            "that cursor was not produced by a page; pass .after or .before from a JobPage",
-        ) from None
 
 
 class _Wake:
@@ -126,6 +103,8 @@ class _Wake:
 
     def __init__(self) -> None:
         self._event: trio.Event | None = None
+        #: In one process the wake cannot be lost: it is proven from the start.
+        self.live = True
 
     def fire(self) -> None:
         if self._event is not None:
@@ -147,9 +126,10 @@ class _MemoryTx:
         self._driver = driver
         self.staged: list[str] = []
         self.events: list[tuple[str, Any]] = []
+        self.finished = trio.Event()
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        return self._driver._enqueue(requests, tx=self)
+        return await self._driver._enqueue_waiting(requests, tx=self)
 
     async def publish(self, name: str, payload: Any) -> None:
         self.events.append((name, payload))
@@ -246,7 +226,30 @@ class MemoryDriver:
     # ------------------------------------------------------------------ enqueue
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        return self._enqueue(requests, tx=None)
+        return await self._enqueue_waiting(requests, tx=None)
+
+    async def _enqueue_waiting(
+        self, requests: Sequence[EnqueueRequest], tx: _MemoryTx | None
+    ) -> list[EnqueueResult]:
+        # A key held by a row another open transaction only staged is decided by
+        # that transaction: wait for it, as PostgreSQL waits on the live-key index.
+        while True:
+            blocker = self._staged_blocker(requests, tx)
+            if blocker is None:
+                return self._enqueue(requests, tx=tx)
+            await blocker.finished.wait()
+
+    def _staged_blocker(
+        self, requests: Sequence[EnqueueRequest], tx: _MemoryTx | None
+    ) -> _MemoryTx | None:
+        for req in requests:
+            held = self._live.get((req.name, req.tenant_id, req.idempotency_key))
+            if held is None:
+                continue
+            row = self._rows.get(held)
+            if row is not None and row.tx is not None and row.tx is not tx:
+                return row.tx  # type: ignore[return-value]
+        return None
 
     def _enqueue(
         self, requests: Sequence[EnqueueRequest], tx: _MemoryTx | None
@@ -311,6 +314,7 @@ class MemoryDriver:
                 row = self._rows.pop(job_id, None)
                 if row is not None and self._live.get(_live_key(row)) == job_id:
                     del self._live[_live_key(row)]
+            tx.finished.set()
             raise
         for job_id in tx.staged:
             row = self._rows.get(job_id)
@@ -319,6 +323,7 @@ class MemoryDriver:
                 self._index(row)
         for name, payload in tx.events:
             self._publish(name, payload)
+        tx.finished.set()
         self._wake.fire()
 
     # ------------------------------------------------------------------ claim
@@ -422,6 +427,7 @@ class MemoryDriver:
             trace_context=row.trace_context,
             promoted=promoted,
             lapsed=lapsed,
+            steps=sorted(self._steps[row.id].values(), key=_seq) if row.id in self._steps else [],
         )
 
     def _owned(self, job_id: str, fence: Fence) -> _Row | None:

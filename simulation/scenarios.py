@@ -1,0 +1,197 @@
+"""The scenarios: jobs, a workload, faults and an invariant each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from trio_jobs import Concurrency, JobContext, Retry, job
+from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
+
+
+@attrs.frozen
+class Item:
+    n: int
+    key: str = "k"
+
+
+# ----------------------------------------------------------------------- jobs
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"three:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def three_steps(ctx: JobContext[Item]) -> int:
+    a = await ctx.step.run("a", lambda: ctx.input.n)
+    b = await ctx.step.run("b", lambda: 2)
+    await ctx.step.sleep("30s")
+    c = await ctx.step.run("c", lambda: 3)
+    return int(a) + int(b) + int(c)
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"keyed:{i.n}",
+    concurrency=Concurrency(limit=1, key=lambda i: i.key),
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def keyed(ctx: JobContext[Item]) -> None:
+    await ctx.step.run("work", lambda: ctx.input.n)
+
+
+COMPENSATIONS: dict[int, list[str]] = {}
+
+
+def _compensate(n: int, step: str) -> Callable[[Any], None]:
+    def undo(_output: Any) -> None:
+        COMPENSATIONS.setdefault(n, []).append(step)
+
+    return undo
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"saga:{i.n}",
+    compensates=True,
+    retry=Retry(attempts=3, base="1s", max_delay="5s"),
+)
+async def saga(ctx: JobContext[Item]) -> None:
+    n = ctx.input.n
+    await ctx.step.run("charge", lambda: "c", compensate=_compensate(n, "charge"))
+    await ctx.step.run("reserve", lambda: "r", compensate=_compensate(n, "reserve"))
+    if n % 2 == 0:
+        await ctx.step.run("ship", _fail_ship)
+
+
+def _fail_ship() -> None:
+    raise RuntimeError("the carrier refused the parcel")
+
+
+# ----------------------------------------------------------------------- invariants
+
+
+def all_settled(world: World) -> None:
+    unsettled = [v.id for v in world.jobs if v.state not in ("done", "dead", "failed", "cancelled")]
+    assert not unsettled, f"{len(unsettled)} jobs never settled"
+
+
+def three_done(world: World) -> None:
+    all_settled(world)
+    for view in world.jobs:
+        if view.state == "done":
+            assert {s.name: s.status for s in view.steps}.get("c") == "completed"
+
+
+def one_lease_per_key(world: World) -> None:
+    now = world.driver.now()
+    held: dict[str, int] = {}
+    for (lease_key, _slot), (_job, _fence, expires) in world.driver._leases.items():
+        if expires > now:
+            held[lease_key] = held.get(lease_key, 0) + 1
+    assert all(count <= 1 for count in held.values()), f"a concurrency=1 key is held {held}"
+
+
+def compensated_lifo(world: World) -> None:
+    all_settled(world)
+    for view in world.jobs:
+        if view.name != saga.name:
+            continue
+        n = int(view.idempotency_key.split(":")[1])
+        done = COMPENSATIONS.get(n, [])
+        first_seen = list(dict.fromkeys(done))
+        if n % 2 == 0:
+            assert view.state == "dead", f"saga {n} should have failed for good"
+            assert first_seen == ["reserve", "charge"], f"saga {n} compensated {done}"
+        else:
+            assert view.state == "done"
+            assert done == [], f"saga {n} compensated although it succeeded: {done}"
+
+
+# ----------------------------------------------------------------------- scenarios
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    jobs: list[Any]
+    workload: Callable[[], list[tuple[Any, Any]]]
+    invariant: Callable[[World], None]
+    faults: Faults = attrs.field(factory=Faults)
+    workers: int = 3
+    check: str = "quiet"
+    reset: Callable[[], None] = lambda: None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "concurrent-workers",
+            [three_steps],
+            lambda: [(three_steps, Item(i)) for i in range(40)],
+            three_done,
+        ),
+        Scenario(
+            "crash-everywhere",
+            [three_steps],
+            lambda: [(three_steps, Item(i)) for i in range(30)],
+            three_done,
+            Faults(crash=0.03),
+        ),
+        Scenario(
+            "drain-under-load",
+            [three_steps],
+            lambda: [(three_steps, Item(i)) for i in range(30)],
+            three_done,
+            Faults(drain=0.02),
+        ),
+        Scenario(
+            "lease-expiry",
+            [three_steps],
+            lambda: [(three_steps, Item(i)) for i in range(30)],
+            three_done,
+            Faults(pause=0.02, lease_loss=0.02, skew=3.0),
+        ),
+        Scenario(
+            "transient-errors",
+            [three_steps],
+            lambda: [(three_steps, Item(i)) for i in range(30)],
+            three_done,
+            Faults(driver_errors=0.05, lost_wakeups=True),
+        ),
+        Scenario(
+            "keyed-concurrency",
+            [keyed],
+            lambda: [(keyed, Item(i, key=f"acct{i % 3}")) for i in range(24)],
+            one_lease_per_key,
+            Faults(crash=0.01, pause=0.01),
+            check="every-event",
+        ),
+        Scenario(
+            "compensation",
+            [saga],
+            lambda: [(saga, Item(i)) for i in range(16)],
+            compensated_lifo,
+            Faults(crash=0.005),
+            reset=COMPENSATIONS.clear,
+        ),
+    ]
+}
+
+
+async def run_scenario(name: str, seed: int) -> SimulationResult:
+    scenario = SCENARIOS[name]
+    scenario.reset()
+    return await simulate_jobs(
+        jobs=scenario.jobs,
+        workers=scenario.workers,
+        seed=seed,
+        scenario=scenario.workload(),
+        invariant=scenario.invariant,
+        faults=scenario.faults,
+        check=scenario.check,  # type: ignore[arg-type]
+    )

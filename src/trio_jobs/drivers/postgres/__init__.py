@@ -1,0 +1,55 @@
+"""The PostgreSQL driver: the default queue.
+
+>>> driver = postgres_driver("postgresql://app@localhost/app")   # no I/O yet
+>>> async with open_jobs(driver, jobs=[...]) as jobs: ...          # connects, migrates
+
+With no DSN and no ``DATABASE_URL``, ``open()`` starts an embedded PostgreSQL
+under ``./.trio-jobs/`` (``pip install 'trio-jobs[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from ..._time import Clock
+from ._bridge import Database, Pool
+from ._driver import PostgresDriver, conninfo_with_schema
+from ._embedded import embedded_dsn
+from ._migrate import LATEST as SCHEMA_VERSION
+
+__all__ = ["SCHEMA_VERSION", "PostgresDriver", "embedded_dsn", "migrate", "postgres_driver"]
+
+
+def postgres_driver(
+    dsn: str | None = None,
+    *,
+    migrate: bool = True,
+    schema: str | None = None,
+    clock: Clock | None = None,
+    pool_size: int = 10,
+) -> PostgresDriver:
+    """The PostgreSQL driver. Constructing it does no I/O; ``open()`` connects.
+
+    ``dsn`` is any connection string psycopg accepts (a URI or a libpq
+    ``key=value`` string); ``None`` reads ``DATABASE_URL``, and without it starts
+    the embedded server under ``./.trio-jobs/``. Opening applies pending
+    migrations under the migrator's advisory lock; with ``migrate=False`` an
+    out-of-date schema is refused with ``X_CONFIG_INVALID`` naming
+    ``trio-jobs migrate``. ``schema`` puts every table in that (existing) schema
+    instead of the connection's default. ``clock`` replaces the database's clock
+    for due times and leases: tests only. ``pool_size`` bounds the connections
+    this process opens (the LISTEN session is one more).
+    """
+    return PostgresDriver(dsn, migrate=migrate, schema=schema, clock=clock, pool_size=pool_size)
+
+
+async def migrate(dsn: str | None = None, *, schema: str | None = None) -> list[int]:
+    """Create or upgrade the schema (``trio-jobs migrate``); idempotent. Answers
+    the versions applied now (empty when already up to date)."""
+    from ._migrate import migrate as _migrate
+
+    driver = PostgresDriver(dsn, migrate=False, schema=schema)
+    resolved = await driver._resolve_dsn()
+    db = Database(Pool(conninfo_with_schema(resolved, schema), max_size=1))
+    try:
+        return await _migrate(db)
+    finally:
+        await db.pool.close()

@@ -1,0 +1,1181 @@
+"""The PostgreSQL driver: the default queue.
+
+Same semantics as the memory driver (the reference), in as few statements as
+the protocol allows: ``enqueue_many`` is one statement per 1,000 requests,
+``claim`` one statement (reap included), each settle one fenced statement that
+also moves the counters and releases the leases, ``heartbeat`` one statement
+for every held row, and step records from many slots are group-committed.
+
+Due times and leases are decided with the database's clock; a test may pass a
+``clock`` whose now is sent with every statement instead.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..._serialization import dumps
+from ..._time import Clock, SystemClock
+from ...errors import ErrorCode, JobsError
+from .._cursor import decode_cursor, encode_cursor
+from .._protocol import (
+    ALL_STATES,
+    ENQUEUE_CHUNK,
+    LIVE_STATES,
+    MAX_BULK_ROWS,
+    MAX_JOB_PAGE,
+    PROMOTABLE_STATES,
+    TERMINAL_STATES,
+    AckOptions,
+    BulkFilter,
+    BulkResult,
+    ClaimedJob,
+    ClaimOptions,
+    ClaimResult,
+    CounterRow,
+    EnqueueRequest,
+    EnqueueResult,
+    EventRecord,
+    Exhausted,
+    Fence,
+    HeartbeatRequest,
+    JobPage,
+    JobView,
+    LeaseGrant,
+    ListFilter,
+    NackOptions,
+    Progress,
+    QueueStats,
+    StepRecord,
+    StepView,
+    WorkerInfo,
+)
+from ._bridge import Database, Pool, Row, Transaction, unavailable
+from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
+from ._sql import query
+from ._wake import PgWake
+
+__all__ = ["PostgresDriver"]
+
+logger = logging.getLogger("trio_jobs.postgres")
+
+#: At most one notification per queue per this many seconds, per process.
+NOTIFY_INTERVAL = 0.25
+#: The most step records one group commit writes.
+STEP_BATCH = 500
+#: Enqueue inputs whose key holder committed after the statement's snapshot are
+#: asked again; this bounds the rounds.
+ENQUEUE_ROUNDS = 8
+
+_LAPSE_MESSAGE = (
+    f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt "
+    f"(%s of %s); the worker holding it died or stopped renewing it — "
+    f"{ErrorCode.X_JOB_MAX_ATTEMPTS}"
+)
+
+
+#: Runs one named query with its parameters (on the pool, or in a transaction).
+_Run = Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
+
+
+def _json(value: Any) -> str:
+    return dumps(value).decode()
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else dumps(value).decode()
+
+
+def _progress_json(progress: Progress | None) -> str | None:
+    if progress is None:
+        return None
+    return _json({"done": progress.done, "total": progress.total, "note": progress.note})
+
+
+def _progress(value: Any) -> Progress | None:
+    if not isinstance(value, Mapping):
+        return None
+    return Progress(float(value["done"]), float(value["total"]), value.get("note"))
+
+
+def conninfo_with_schema(dsn: str, schema: str | None) -> str:
+    """``dsn`` with ``search_path`` set to ``schema`` (unchanged for ``None``)."""
+    if schema is None:
+        return dsn
+    params = conninfo_to_dict(dsn)
+    options = str(params.get("options") or "")
+    params["options"] = f"{options} -c search_path={schema}".strip()
+    return make_conninfo("", **params)
+
+
+def _channel(schema: str) -> str:
+    """The NOTIFY channel: one per schema, so schemas sharing a database do not
+    wake each other (a channel name is an identifier: at most 63 bytes)."""
+    if schema == "public":
+        return "trio_jobs"
+    digest = hashlib.blake2s(schema.encode(), digest_size=6).hexdigest()
+    return f"trio_jobs_{digest}"
+
+
+class PostgresDriver:
+    """The PostgreSQL driver. See :func:`~trio_jobs.drivers.postgres.postgres_driver`."""
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        migrate: bool = True,
+        schema: str | None = None,
+        clock: Clock | None = None,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        step_linger: float = 0.0,
+    ) -> None:
+        self._dsn_arg = dsn
+        self._migrate = migrate
+        self._schema_arg = schema
+        self._clock = clock
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._step_linger = step_linger
+        self._system = SystemClock()
+        self._skew = 0.0
+        self._db: Database | None = None
+        self._conninfo = ""
+        self.schema = schema or "public"
+        self.channel = _channel(self.schema)
+        self._notified: dict[str, float] = {}
+        self._service_nursery: trio.Nursery | None = None
+        self._service_done: trio.Event | None = None
+        self._closing: trio.Event | None = None
+        self._step_writer = _GroupCommit(self, self._flush_steps, linger=step_linger)
+        self._acker = _GroupCommit(self, self._flush_acks)
+        self.steps = _PgSteps(self)
+        self.events = _PgEvents(self)
+        self.leases: _PgLeases | None = _PgLeases(self)
+        self.introspect: _PgIntrospection | None = _PgIntrospection(self)
+        self.wake: PgWake | None = PgWake(
+            self.channel,
+            conninfo=lambda: self._conninfo,
+            send_probe=self._send_probe,
+            start=self._start_service_task,
+        )
+        self.opened = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def dsn(self) -> str:
+        """The connection string in use (after :meth:`open`)."""
+        return self._conninfo
+
+    @property
+    def db(self) -> Database:
+        if self._db is None or self.closed:
+            raise unavailable(
+                None,
+                "PostgreSQL (the driver is not open: enter it with open_jobs(...) or "
+                "await driver.open())",
+            )
+        return self._db
+
+    async def _resolve_dsn(self) -> str:
+        if self._dsn_arg:
+            return self._dsn_arg
+        env = os.environ.get("DATABASE_URL")
+        if env:
+            return env
+        from ._embedded import embedded_dsn
+
+        return await embedded_dsn()
+
+    async def open(self) -> None:
+        if self.opened and not self.closed:
+            return
+        dsn = await self._resolve_dsn()
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError:
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "the PostgreSQL connection string does not parse; pass a URI "
+                "(postgresql://user@host/db) or a libpq key=value string",
+            ) from None
+        self._conninfo = conninfo_with_schema(make_conninfo("", **params), self._schema_arg)
+        self._db = Database(
+            Pool(self._conninfo, max_size=self._pool_size, connect_timeout=self._connect_timeout)
+        )
+        try:
+            rows = await self._db.fetch("SELECT current_schema()")
+            if rows and rows[0][0] is not None:
+                self.schema = str(rows[0][0])
+                self.channel = _channel(self.schema)
+                if self.wake is not None:
+                    self.wake.channel = self.channel
+            if self._migrate:
+                await migrate(self._db)
+            else:
+                version = await schema_version(self._db)
+                if version < LATEST:
+                    raise out_of_date(version)
+                if version > LATEST:
+                    raise too_new(version)
+            await self._measure_skew()
+            if self.wake is not None:
+                self.wake.reset()
+            await self._start_service()
+        except BaseException:
+            await self._db.pool.close()
+            self._db = None
+            raise
+        self.opened = True
+        self.closed = False
+
+    async def _measure_skew(self) -> None:
+        if self._clock is not None:
+            return
+        before = self._system.now()
+        rows = await self.db.fetch(query("now"), {"now": None})
+        after = self._system.now()
+        self._skew = float(rows[0][0]) - (before + after) / 2
+
+    async def _start_service(self) -> None:
+        """Run the driver's own tasks (the step writer, the LISTEN session) in a
+        system task: ``open()`` may be called from any Trio task, and the caller
+        never holds a nursery or a loop for the driver."""
+        started = trio.Event()
+        self._closing = trio.Event()
+        self._service_done = trio.Event()
+        closing, done = self._closing, self._service_done
+
+        async def service() -> None:
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._service_nursery = nursery
+                    nursery.start_soon(self._step_writer.run)
+                    nursery.start_soon(self._acker.run)
+                    started.set()
+                    await closing.wait()
+                    nursery.cancel_scope.cancel()
+            except BaseException as exc:
+                if not isinstance(exc, trio.Cancelled):
+                    logger.exception("jobs.postgres.service_failed")
+            finally:
+                self._service_nursery = None
+                done.set()
+
+        trio.lowlevel.spawn_system_task(service)
+        await started.wait()
+
+    def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
+        if self._service_nursery is None:
+            raise unavailable(None, "PostgreSQL (the driver is not open)")
+
+        async def guarded() -> None:
+            try:
+                await fn()
+            except Exception:
+                logger.exception("jobs.postgres.task_failed")
+
+        self._service_nursery.start_soon(guarded)
+
+    async def close(self) -> None:
+        if self.closed or self._db is None:
+            self.closed = True
+            return
+        self.closed = True
+        if self._closing is not None:
+            self._closing.set()
+        if self._service_done is not None:
+            with trio.CancelScope(shield=True):
+                await self._service_done.wait()
+        for combiner in (self._step_writer, self._acker):
+            combiner.fail_pending(unavailable(None, "PostgreSQL (the driver closed)"))
+        await self._db.pool.close()
+
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock.now()
+        return self._system.now() + self._skew
+
+    def _now_param(self) -> float | None:
+        return None if self._clock is None else self._clock.now()
+
+    async def _fetch(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        return await self.db.fetch(query(name), {"now": self._now_param(), **params})
+
+    async def _send_probe(self, token: str) -> None:
+        await self.db.fetch("SELECT pg_notify(%s, %s)", (self.channel, token))
+
+    # ------------------------------------------------------------------ wake
+
+    def _notify_allowed(self, queues: Sequence[str]) -> list[str]:
+        """The queues this process may announce now (one per queue per 250 ms)."""
+        now = trio.current_time()
+        return [q for q in set(queues) if self._notified.get(q, -math.inf) + NOTIFY_INTERVAL <= now]
+
+    def _quiet_queues(self) -> list[str]:
+        """The queues this process announced within the last 250 ms."""
+        now = trio.current_time()
+        return [q for q, at in self._notified.items() if at + NOTIFY_INTERVAL > now]
+
+    def _mark_notified(self, queues: Sequence[str] | None) -> None:
+        if queues:
+            now = trio.current_time()
+            for q in queues:
+                self._notified[q] = now
+
+    def _fire(self, queues: Sequence[str]) -> None:
+        if queues and self.wake is not None:
+            self.wake.fire(list(queues))
+
+    # ------------------------------------------------------------------ enqueue
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        return await self._enqueue(self._fetch, requests, after_commit=None)
+
+    async def _enqueue(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        self.db  # noqa: B018 — refuse a closed driver before any work
+        out: list[EnqueueResult | None] = [None] * len(requests)
+        ready_queues: set[str] = set()
+        for start in range(0, len(requests), ENQUEUE_CHUNK):
+            # Inputs sharing a live key are one job: the first stands for the rest,
+            # which answer its row, deduped.
+            firsts: dict[tuple[str, str | None, str], int] = {}
+            followers: list[tuple[int, int]] = []
+            for index in range(start, min(start + ENQUEUE_CHUNK, len(requests))):
+                r = requests[index]
+                first = firsts.setdefault((r.name, r.tenant_id, r.idempotency_key), index)
+                if first != index:
+                    followers.append((index, first))
+            pending = list(firsts.values())
+            for _round in range(ENQUEUE_ROUNDS):
+                rows = await run(
+                    "enqueue_many", self._enqueue_params([requests[i] for i in pending])
+                )
+                missing: list[int] = []
+                for ordinal, found, deduped, state, _notified in rows:
+                    index = pending[int(ordinal) - 1]
+                    if found is None:
+                        missing.append(index)
+                        continue
+                    out[index] = EnqueueResult(found[0], found[1], bool(deduped))
+                    if state == "ready":
+                        ready_queues.add(requests[index].queue)
+                if rows:
+                    self._mark_notified(rows[0][4])
+                if not missing:
+                    break
+                pending = missing
+            else:
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "enqueue could not settle who holds an idempotency key after "
+                    f"{ENQUEUE_ROUNDS} rounds; retry the enqueue",
+                )
+            for index, first in followers:
+                held = out[first]
+                assert held is not None
+                out[index] = EnqueueResult(held.id, held.run_id, True)
+        if ready_queues:
+            queues = sorted(ready_queues)
+            if after_commit is None:
+                self._fire(queues)
+            else:
+                after_commit.append(lambda: self._fire(queues))
+        return [r for r in out if r is not None]
+
+    def _enqueue_params(self, batch: Sequence[EnqueueRequest]) -> dict[str, Any]:
+        rows = [
+            {
+                "ord": i,
+                "id": r.id,
+                "run_id": r.run_id,
+                "name": r.name,
+                "queue": r.queue,
+                "payload": r.payload,
+                "tenant_id": r.tenant_id,
+                "idempotency_key": r.idempotency_key,
+                "concurrency_key": r.concurrency_key,
+                "max_attempts": r.max_attempts,
+                "priority": r.priority,
+                "run_at": r.run_at,
+                "delay": r.delay,
+                "actor": r.actor,
+                "trace_context": r.trace_context,
+            }
+            for i, r in enumerate(batch, start=1)
+        ]
+        return {
+            "rows": _json(rows),
+            "channel": self.channel,
+            "notify": self._notify_allowed([r.queue for r in batch]),
+        }
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_PgTx]:
+        async with self.db.transaction() as tx:
+            yield _PgTx(self, tx)
+
+    # ------------------------------------------------------------------ claim
+
+    async def claim(self, options: ClaimOptions) -> ClaimResult:
+        queues = [q for q in options.queues]
+        rows = await self._fetch(
+            "claim",
+            {
+                "queues": queues,
+                "takes": [int(options.queues[q]) for q in queues],
+                "worker_id": options.worker_id,
+                "visibility": float(options.visibility_timeout),
+                "drop_names": sorted(options.drop_names),
+                "lapse_message": _LAPSE_MESSAGE,
+            },
+        )
+        jobs: list[ClaimedJob] = []
+        exhausted: list[Exhausted] = []
+        for r in rows:
+            if r[0] == "job":
+                jobs.append(
+                    ClaimedJob(
+                        id=str(r[1]),
+                        run_id=str(r[2]),
+                        name=r[3],
+                        queue=r[4],
+                        payload=r[5],
+                        tenant_id=r[6],
+                        idempotency_key=r[7],
+                        concurrency_key=r[8],
+                        attempt=int(r[9]),
+                        max_attempts=int(r[10]),
+                        fence=Fence(r[11], int(r[12])),
+                        created_at=float(r[13]),
+                        run_at=float(r[14]),
+                        lease_expires_at=float(r[15]),
+                        actor=r[16],
+                        trace_context=r[17],
+                        promoted=bool(r[18]),
+                        lapsed=bool(r[19]),
+                        steps=[_step_record(x) for x in r[25]],
+                    )
+                )
+            else:
+                exhausted.append(
+                    Exhausted(
+                        id=str(r[1]),
+                        run_id=str(r[2]),
+                        name=r[3],
+                        queue=r[4],
+                        payload=r[5],
+                        tenant_id=r[6],
+                        state=r[20],
+                        error_code=r[21],
+                        last_error=r[22],
+                    )
+                )
+        return ClaimResult(jobs=jobs, exhausted=exhausted)
+
+    # ------------------------------------------------------------------ settle
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        """The fenced completion. Concurrent acks from many slots share one
+        statement (the settle combiner); each returns once its row is committed."""
+        return await self._acker.submit((job_id, ""), (job_id, options))
+
+    async def _flush_acks(self, batch: builtins.list[tuple[str, AckOptions]]) -> set[int]:
+        rows = await self._fetch(
+            "ack_many",
+            {
+                "ids": [job_id for job_id, _o in batch],
+                "worker_ids": [o.fence.worker_id for _j, o in batch],
+                "claims": [o.fence.claim for _j, o in batch],
+                "results": [_json_or_none(o.result) for _j, o in batch],
+                "progress": [_progress_json(o.progress) for _j, o in batch],
+                "durations": [o.duration for _j, o in batch],
+            },
+        )
+        return {int(r[0]) for r in rows}
+
+    async def _flush_steps(self, batch: builtins.list[tuple[str, Fence, StepRecord]]) -> set[int]:
+        recs = [record for _j, _f, record in batch]
+        rows = await self._fetch(
+            "steps_put_many",
+            {
+                "job_ids": [job_id for job_id, _f, _r in batch],
+                "worker_ids": [fence.worker_id for _j, fence, _r in batch],
+                "claims": [fence.claim for _j, fence, _r in batch],
+                "names": [r.name for r in recs],
+                "statuses": [r.status for r in recs],
+                "seqs": [r.seq for r in recs],
+                "executions": [r.executions for r in recs],
+                "outputs": [_json_or_none(r.output) for r in recs],
+                "errors": [r.error for r in recs],
+                "error_codes": [r.error_code for r in recs],
+                "wake_ats": [r.wake_at for r in recs],
+                "events": [r.event for r in recs],
+                "sinces": [r.since for r in recs],
+                "deadlines": [r.deadline for r in recs],
+            },
+        )
+        return {int(r[0]) for r in rows}
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool:
+        final = options.state in ("dead", "failed")
+        rows = await self._fetch(
+            "nack",
+            {
+                "id": job_id,
+                "worker_id": options.fence.worker_id,
+                "claim": options.fence.claim,
+                "counted": options.counted,
+                "max_attempts": options.max_attempts,
+                "progress": _progress_json(options.progress),
+                "set_error": options.error_code is not None or options.last_error is not None,
+                "error_code": options.error_code,
+                "last_error": options.last_error,
+                "state": options.state,
+                "final": final,
+                "run_at": options.run_at,
+                "delay": options.delay,
+                "waiting_event": options.waiting_event,
+                "c_retried": 1 if (not final and options.counted) else 0,
+                "c_failed": 1 if options.state == "failed" else 0,
+                "c_dead": 1 if options.state == "dead" else 0,
+                "duration": options.duration,
+                "channel": self.channel,
+                "quiet": self._quiet_queues(),
+            },
+        )
+        if not rows or not rows[0][0]:
+            return False
+        _count, notified, queue, run_at, now = rows[0]
+        if notified:
+            self._mark_notified([queue])
+        if not final and run_at is not None and float(run_at) <= float(now):
+            self._fire([queue])
+        return True
+
+    async def heartbeat(
+        self, requests: Sequence[HeartbeatRequest], visibility_timeout: float
+    ) -> list[str]:
+        if not requests:
+            self.db  # noqa: B018 — a closed driver refuses even an empty call
+            return []
+        rows = await self._fetch(
+            "heartbeat",
+            {
+                "ids": [r.job_id for r in requests],
+                "worker_ids": [r.fence.worker_id for r in requests],
+                "claims": [r.fence.claim for r in requests],
+                "progress": [_progress_json(r.progress) for r in requests],
+                "visibility": float(visibility_timeout),
+            },
+        )
+        return [str(r[1]) for r in rows]
+
+    async def stats(self) -> list[QueueStats]:
+        rows = await self._fetch("stats", {})
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, count in rows:
+            counts.setdefault(queue, {})[state] = int(count)
+        return [QueueStats(queue=q, **c) for q, c in sorted(counts.items())]
+
+
+class _PgTx:
+    """The app's transaction, Trio-side: ``execute`` runs app SQL; enqueues and
+    publishes join it and commit or vanish with it."""
+
+    def __init__(self, driver: PostgresDriver, tx: Transaction) -> None:
+        self._driver = driver
+        self._tx = tx
+
+    async def _run(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        return await self._tx.execute(query(name), {"now": self._driver._now_param(), **params})
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        return await self._driver._enqueue(self._run, requests, after_commit=self._tx.after_commit)
+
+    async def publish(self, name: str, payload: Any) -> None:
+        rows = await self._run(
+            "publish", {"name": name, "payload": _json(payload), "channel": self._driver.channel}
+        )
+        woken = list(rows[0][2] or []) if rows else []
+        if woken:
+            self._tx.after_commit.append(lambda: self._driver._fire(woken))
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        return await self._tx.execute(sql, params if params else None)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@attrs.define(eq=False)
+class _Pending:
+    key: tuple[str, str]
+    item: Any
+    done: trio.Event = attrs.field(factory=trio.Event)
+    landed: bool = False
+    error: BaseException | None = None
+    taken: bool = False
+
+
+class _GroupCommit:
+    """A write combiner: many tasks' writes, one statement per batch.
+
+    :meth:`submit` queues an item and waits; one flusher task (in the driver's
+    service nursery) writes everything queued in one statement, then wakes each
+    waiter with whether its write landed. A caller returns only after its row
+    is committed, so durability is unchanged; the commit is shared. Batches form
+    by themselves under load (items queue while a flush is in flight), with no
+    added latency when idle; ``linger`` adds a wait before each flush to grow
+    them further. Two items with one ``key`` never share a statement (a row may
+    be written once per statement): the later waits for the next flush, so the
+    order of writes to one row is kept."""
+
+    def __init__(
+        self,
+        driver: PostgresDriver,
+        flush: Callable[[builtins.list[Any]], Awaitable[set[int]]],
+        *,
+        linger: float = 0.0,
+        batch: int = STEP_BATCH,
+    ) -> None:
+        self._d = driver
+        self._flush_fn = flush
+        self._linger = linger
+        self._batch = batch
+        self._pending: builtins.list[_Pending] = []
+        self._kick = trio.Event()
+        self.flushes = 0
+
+    async def submit(self, key: tuple[str, str], item: Any) -> bool:
+        self._d.db  # noqa: B018 — a closed driver refuses at once
+        entry = _Pending(key, item)
+        self._pending.append(entry)
+        self._kick.set()
+        try:
+            await entry.done.wait()
+        except trio.Cancelled:
+            if not entry.taken and entry in self._pending:
+                self._pending.remove(entry)
+            raise
+        if entry.error is not None:
+            raise entry.error
+        return entry.landed
+
+    def fail_pending(self, error: BaseException) -> None:
+        for entry in self._pending:
+            entry.error = error
+            entry.done.set()
+        self._pending.clear()
+
+    def _take(self) -> builtins.list[_Pending]:
+        batch: builtins.list[_Pending] = []
+        seen: set[tuple[str, str]] = set()
+        rest: builtins.list[_Pending] = []
+        for entry in self._pending:
+            if entry.key in seen or len(batch) >= self._batch:
+                rest.append(entry)
+                continue
+            seen.add(entry.key)
+            entry.taken = True
+            batch.append(entry)
+        self._pending = rest
+        return batch
+
+    async def run(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick = trio.Event()
+            if self._linger > 0:
+                await trio.sleep(self._linger)
+            while self._pending:
+                batch = self._take()
+                self.flushes += 1
+                try:
+                    landed = await self._flush_fn([entry.item for entry in batch])
+                except Exception as exc:  # each waiter gets the failure
+                    for entry in batch:
+                        entry.error = exc
+                        entry.done.set()
+                    continue
+                for i, entry in enumerate(batch, start=1):
+                    entry.landed = i in landed
+                    entry.done.set()
+
+
+def _step_record(r: Sequence[Any]) -> StepRecord:
+    return StepRecord(
+        name=r[0],
+        status=r[1],
+        seq=int(r[2]),
+        executions=int(r[3]),
+        output=r[4],
+        error=r[5],
+        error_code=r[6],
+        wake_at=r[7],
+        event=r[8],
+        since=r[9],
+        deadline=r[10],
+    )
+
+
+class _PgSteps:
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    async def load(self, job_id: str) -> list[StepRecord]:
+        rows = await self._d._fetch("steps_load", {"job_id": job_id})
+        return [_step_record(r) for r in rows]
+
+    async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
+
+
+# --------------------------------------------------------------------------- events
+
+
+class _PgEvents:
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    async def publish(self, name: str, payload: Any) -> None:
+        rows = await self._d._fetch(
+            "publish", {"name": name, "payload": _json(payload), "channel": self._d.channel}
+        )
+        woken = list(rows[0][2] or []) if rows else []
+        self._d._fire(woken)
+
+    async def poll(self, name: str, since: float) -> tuple[list[EventRecord], float]:
+        rows = await self._d._fetch("poll", {"name": name, "since": since})
+        now = float(rows[0][0])
+        found = [EventRecord(int(r[1]), r[2], r[3], float(r[4])) for r in rows if r[1] is not None]
+        return found, now
+
+
+# --------------------------------------------------------------------------- leases
+
+
+class _PgLeases:
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    async def acquire(
+        self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
+    ) -> LeaseGrant:
+        for _round in range(limit + 2):
+            rows = await self._d._fetch(
+                "lease_acquire",
+                {
+                    "key": lease_key,
+                    "limit": int(limit),
+                    "job_id": job_id,
+                    "worker_id": fence.worker_id,
+                    "claim": fence.claim,
+                    "ttl": float(ttl),
+                },
+            )
+            mine, taken, free, holders, all_own = rows[0]
+            if mine is not None:
+                return LeaseGrant(slot=int(mine))
+            if taken is not None:
+                return LeaseGrant(slot=int(taken))
+            if free is None:
+                return LeaseGrant(slot=None, own=bool(holders) and bool(all_own))
+            # A free slot was taken by a racing worker between our read and our
+            # insert: look again.
+        return LeaseGrant(slot=None, own=False)
+
+    async def release(self, job_id: str) -> None:
+        await self._d._fetch("lease_release", {"job_id": job_id})
+
+    async def held(self, lease_key: str) -> int:
+        rows = await self._d._fetch("lease_held", {"key": lease_key})
+        return int(rows[0][0])
+
+
+# --------------------------------------------------------------------------- introspection
+
+
+def _check_state(state: str) -> None:
+    if state not in ALL_STATES:
+        raise JobsError(ErrorCode.X_INVARIANT, f"state must be one of {ALL_STATES}")
+
+
+def _not_found() -> JobsError:
+    return JobsError(
+        ErrorCode.X_JOB_NOT_FOUND,
+        "no job has that id; list jobs with `trio-jobs list` to find it",
+    )
+
+
+def _decode(cursor: str) -> tuple[float, str]:
+    mark_at, mark_id = decode_cursor(cursor)
+    checked = _uuid_or_none(mark_id)
+    if checked is None:
+        decode_cursor("!")  # raises the page error, worded once in the memory driver
+    return mark_at, str(checked)
+
+
+def _uuid_or_none(job_id: str) -> str | None:
+    import uuid
+
+    try:
+        return str(uuid.UUID(str(job_id)))
+    except ValueError:
+        return None
+
+
+class _PgIntrospection:
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    @staticmethod
+    def _view(r: Row, steps: Sequence[StepView] = ()) -> JobView:
+        return JobView(
+            id=str(r[0]),
+            run_id=str(r[1]),
+            name=r[2],
+            queue=r[3],
+            state=r[4],
+            attempts=int(r[5]),
+            max_attempts=int(r[6]),
+            tenant_id=r[7],
+            idempotency_key=r[8],
+            concurrency_key=r[9],
+            run_at=float(r[10]),
+            created_at=float(r[11]),
+            error_code=r[12],
+            last_error=r[13],
+            progress=_progress(r[14]),
+            result=r[15],
+            steps=list(steps),
+            payload=r[16],
+            priority=int(r[17]),
+            updated_at=float(r[18]) if r[18] is not None else None,
+            worker_id=r[19],
+        )
+
+    @staticmethod
+    def _step_views(rows: Sequence[Row]) -> Sequence[StepView]:
+        return [StepView(r[0], r[1], int(r[2]), r[3], r[4]) for r in rows]
+
+    async def _show_in(self, run: _Run, job_id: str) -> JobView:
+        rows = await run("show", {"id": job_id})
+        if not rows:
+            raise _not_found()
+        steps = await run("show_steps", {"id": job_id})
+        return self._view(rows[0], self._step_views(steps))
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[_Run]:
+        async with self._d.db.transaction() as tx:
+
+            async def run(name: str, params: Mapping[str, Any]) -> list[Row]:
+                return await tx.execute(query(name), {"now": self._d._now_param(), **params})
+
+            yield run
+
+    async def _locked_row(self, run: _Run, job_id: str) -> Row:
+        rows = await run("show_for_update", {"id": job_id})
+        if not rows:
+            raise _not_found()
+        return rows[0]
+
+    async def show(self, job_id: str) -> JobView:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        return await self._show_in(self._d._fetch, key)
+
+    async def list(self, filter: ListFilter) -> JobPage:
+        f = filter
+        self._d.db  # noqa: B018
+        if f.after is not None and f.before is not None:
+            raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
+        if not 1 <= f.limit <= MAX_JOB_PAGE:
+            raise JobsError(
+                ErrorCode.X_JOB_PAGE_INVALID,
+                f"limit must be between 1 and {MAX_JOB_PAGE}; page with .after for more",
+            )
+        params: dict[str, Any] = {
+            "queue": f.queue,
+            "name": f.name,
+            "state": f.state,
+            "tenant_id": f.tenant_id,
+            "id_prefix": f.id_prefix.lower() if f.id_prefix is not None else None,
+            "created_from": f.created_from,
+            "created_to": f.created_to,
+            "limit": f.limit + 1,
+        }
+        if f.before is not None:
+            mark_at, mark_id = _decode(f.before)
+            rows = await self._d._fetch(
+                "list_newer", {**params, "mark_at": mark_at, "mark_id": mark_id}
+            )
+            has_prev = len(rows) > f.limit
+            page = list(reversed(rows[: f.limit]))
+            has_more = True
+        else:
+            mark_at_o: float | None = None
+            mark_id_o: str | None = None
+            if f.after is not None:
+                mark_at_o, mark_id_o = _decode(f.after)
+            rows = await self._d._fetch(
+                "list_older", {**params, "mark_at": mark_at_o, "mark_id": mark_id_o}
+            )
+            has_more = len(rows) > f.limit
+            page = rows[: f.limit]
+            has_prev = f.after is not None
+        views = [self._view(r) for r in page]
+        after = encode_cursor(views[-1].created_at, views[-1].id) if views and has_more else None
+        before = encode_cursor(views[0].created_at, views[0].id) if views and has_prev else None
+        return JobPage(rows=views, after=after, before=before)
+
+    async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        queue: str | None = None
+        try:
+            async with self._tx() as run:
+                row = await self._locked_row(run, key)
+                state = row[4]
+                if state in LIVE_STATES:
+                    raise JobsError(
+                        ErrorCode.X_JOB_NOT_REQUEUEABLE,
+                        f"the job is {state}; only a done, failed, dead or cancelled job can "
+                        "be requeued",
+                    )
+                holder = await run(
+                    "live_holder", {"name": row[2], "key": row[8], "tenant_id": row[7]}
+                )
+                if holder and str(holder[0][0]) != key:
+                    raise _duplicate(str(holder[0][0]))
+                if from_step is not None:
+                    cut = await run("steps_cut", {"id": key, "step": from_step})
+                    if not cut:
+                        raise JobsError(
+                            ErrorCode.X_INVARIANT,
+                            "the job recorded no step by that name; `trio-jobs show ID` lists "
+                            "its steps",
+                        )
+                moved = await run("requeue_row", {"id": key})
+                queue = moved[0][0]
+                view = await self._show_in(run, key)
+        except psycopg.errors.UniqueViolation:
+            # A live row took the key between our check and our move.
+            raise _duplicate(None) from None
+        if queue is not None:
+            self._d._fire([queue])
+        return view
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        last_error = f"{ErrorCode.X_ABORTED}: cancelled" + (f": {reason}" if reason else "")
+        async with self._tx() as run:
+            row = await self._locked_row(run, key)
+            if row[4] not in LIVE_STATES:
+                raise JobsError(
+                    ErrorCode.X_JOB_NOT_CANCELLABLE,
+                    f"the job already ended {row[4]}; only a live job can be cancelled",
+                )
+            await run("cancel_row", {"id": key, "last_error": last_error})
+            return await self._show_in(run, key)
+
+    async def remove(self, job_id: str) -> None:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        async with self._tx() as run:
+            row = await self._locked_row(run, key)
+            if row[4] == "running":
+                raise JobsError(
+                    ErrorCode.X_JOB_NOT_REMOVABLE,
+                    "the job is running; cancel it first (`trio-jobs cancel ID`), then remove it",
+                )
+            await run("remove_row", {"id": key})
+
+    @staticmethod
+    def _bulk_params(f: BulkFilter) -> dict[str, Any]:
+        return {
+            "state": f.state,
+            "queue": f.queue,
+            "name": f.name,
+            "tenant_id": f.tenant_id,
+            "bound": MAX_BULK_ROWS,
+        }
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult:
+        self._d.db  # noqa: B018
+        if filter.state == "running":
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REMOVABLE,
+                "running jobs cannot be removed; cancel them first",
+            )
+        _check_state(filter.state)
+        params = self._bulk_params(filter)
+        async with self._tx() as run:
+            total = int((await run("count_matching", params))[0][0])
+            affected = int((await run("remove_many", params))[0][0])
+        return BulkResult(affected=affected, remaining=max(0, total - affected))
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult:
+        self._d.db  # noqa: B018
+        _check_state(filter.state)
+        if filter.state not in TERMINAL_STATES:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_REQUEUEABLE,
+                "only done, failed, dead or cancelled jobs can be requeued",
+            )
+        params = self._bulk_params(filter)
+        async with self._tx() as run:
+            moved_rows = await run("requeue_many", params)
+            remaining = int((await run("requeue_many_remaining", params))[0][0])
+        affected = int(moved_rows[0][0])
+        self._d._fire(list(moved_rows[0][1] or []))
+        return BulkResult(affected=affected, remaining=remaining)
+
+    async def promote(self, job_id: str) -> JobView:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        async with self._tx() as run:
+            row = await self._locked_row(run, key)
+            moved = await run("promote_row", {"id": key})
+            if not moved:
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    f"the job is {row[4]} and not waiting on its run_at; only a delayed job, "
+                    "or a ready one backing off before a retry, can be promoted",
+                )
+            view = await self._show_in(run, key)
+        self._d._fire([view.queue])
+        return view
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult:
+        self._d.db  # noqa: B018
+        if filter.state not in PROMOTABLE_STATES:
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"promote_many takes state in {PROMOTABLE_STATES}",
+            )
+        rows = await self._d._fetch("promote_many", self._bulk_params(filter))
+        affected, total, queues = int(rows[0][0]), int(rows[0][1]), list(rows[0][2] or [])
+        self._d._fire(queues)
+        return BulkResult(affected=affected, remaining=max(0, total - affected))
+
+    async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self._d.db  # noqa: B018
+            raise _not_found()
+        async with self._tx() as run:
+            row = await self._locked_row(run, key)
+            if row[4] == "running":
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "the job is running; resolve its step once it has stopped",
+                )
+            rec = await run("step_get", {"id": key, "step": step})
+            if not rec or rec[0][0] not in ("started", "failed"):
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "only a `once` step whose outcome is unknown (started or failed) can be "
+                    "resolved",
+                )
+            if ran:
+                await run("step_resolve_ran", {"id": key, "step": step, "output": _json(output)})
+            else:
+                await run("step_resolve_not_ran", {"id": key, "step": step})
+
+    async def pause_queue(self, queue: str) -> None:
+        await self._d._fetch("pause_queue", {"queue": queue})
+
+    async def resume_queue(self, queue: str) -> None:
+        await self._d._fetch("resume_queue", {"queue": queue, "channel": self._d.channel})
+        self._d._fire([queue])
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return [r[0] for r in await self._d._fetch("paused_queues", {})]
+
+    async def record_worker(self, info: WorkerInfo, ttl: float) -> None:
+        await self._d._fetch(
+            "record_worker",
+            {
+                "id": info.id,
+                "host": info.host,
+                "pid": int(info.pid),
+                "started_at": float(info.started_at),
+                "queues": list(info.queues),
+                "slots": _json(dict(info.slots)),
+                "in_flight": list(info.in_flight),
+                "ttl": float(ttl),
+            },
+        )
+
+    async def remove_worker(self, worker_id: str) -> None:
+        await self._d._fetch("remove_worker", {"id": worker_id})
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        rows = await self._d._fetch("workers", {})
+        return [
+            WorkerInfo(
+                id=r[0],
+                host=r[1],
+                pid=int(r[2]),
+                started_at=float(r[3]),
+                queues=list(r[4]),
+                slots=dict(r[5]),
+                in_flight=list(r[6]),
+                last_heartbeat=float(r[7]),
+            )
+            for r in rows
+        ]
+
+    async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
+        rows = await self._d._fetch("counters", {"name": name, "since": float(since)})
+        return [
+            CounterRow(float(r[0]), r[1], int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]))
+            for r in rows
+        ]
+
+
+def _duplicate(holder: str | None) -> JobsError:
+    who = f" ({holder})" if holder else ""
+    return JobsError(
+        ErrorCode.X_JOB_DUPLICATE,
+        f"a live job{who} holds this job's idempotency key; wait for it to settle",
+        meta={"holder": holder} if holder else None,
+    )

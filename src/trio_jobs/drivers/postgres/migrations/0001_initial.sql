@@ -1,0 +1,158 @@
+-- 0001: the initial trio-jobs schema.
+--
+-- Times are float8 seconds since the Unix epoch, decided by the database's clock
+-- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
+-- column gives back exactly the value it was given. Payloads, results and step
+-- outputs are `json`, not `jsonb`: `json` keeps the text (key order included)
+-- that the body stored, so a replay reads back exactly what the first run read.
+
+-- The database's now, in epoch seconds; a test may pass an override.
+CREATE FUNCTION trio_jobs_now(override float8 DEFAULT NULL) RETURNS float8
+LANGUAGE sql VOLATILE
+AS $$ SELECT coalesce(override, extract(epoch FROM clock_timestamp())::float8) $$;
+
+CREATE SEQUENCE trio_jobs_claim_seq;
+
+CREATE TABLE trio_jobs_jobs (
+    id               uuid PRIMARY KEY,
+    run_id           uuid NOT NULL,
+    name             text NOT NULL,
+    queue            text NOT NULL,
+    payload          json,
+    tenant_id        text,
+    idempotency_key  text NOT NULL,
+    concurrency_key  text,
+    max_attempts     integer NOT NULL,
+    priority         integer NOT NULL DEFAULT 0,
+    seq              bigserial NOT NULL,
+    state            text NOT NULL DEFAULT 'ready'
+        CHECK (state IN ('ready', 'delayed', 'running', 'suspended', 'done', 'failed', 'dead', 'cancelled')),
+    attempts         integer NOT NULL DEFAULT 0,
+    run_at           float8 NOT NULL,
+    created_at       float8 NOT NULL,
+    updated_at       float8 NOT NULL,
+    -- the fence: who holds the claim, and which claim
+    worker_id        text,
+    claim            bigint,
+    lease_expires_at float8,
+    error_code       text,
+    last_error       text,
+    progress         json,
+    result           json,
+    actor            json,
+    trace_context    json,
+    waiting_event    text,
+    promoted         boolean NOT NULL DEFAULT false,
+    lapsed           boolean NOT NULL DEFAULT false
+);
+
+-- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
+-- (NULLS NOT DISTINCT, PostgreSQL 15+). The key leads the tenant so a lookup by
+-- (name, key) is an index range even when the tenant is compared IS NOT DISTINCT.
+CREATE UNIQUE INDEX trio_jobs_jobs_name_tenant_idempotency_live_idx
+    ON trio_jobs_jobs (name, idempotency_key, tenant_id) NULLS NOT DISTINCT
+    WHERE state IN ('ready', 'delayed', 'running', 'suspended');
+
+-- The claim: waiting rows of a queue in (priority, run_at, seq) order.
+CREATE INDEX trio_jobs_jobs_claim_idx
+    ON trio_jobs_jobs (queue, priority, run_at, seq)
+    WHERE state IN ('ready', 'delayed', 'suspended');
+
+-- The reap: running rows by lease expiry.
+CREATE INDEX trio_jobs_jobs_lease_idx
+    ON trio_jobs_jobs (lease_expires_at)
+    WHERE state = 'running';
+
+-- Events wake the runs suspended on them.
+CREATE INDEX trio_jobs_jobs_waiting_idx
+    ON trio_jobs_jobs (waiting_event)
+    WHERE state = 'suspended';
+
+-- Listing, newest first (keyset on (created_at, id)).
+CREATE INDEX trio_jobs_jobs_created_idx ON trio_jobs_jobs (created_at, id);
+
+CREATE TABLE trio_jobs_steps (
+    -- no foreign key: a step write is fenced on its job row already, and the
+    -- statements that delete a job delete its steps in the same statement
+    job_id     uuid NOT NULL,
+    name       text NOT NULL,
+    status     text NOT NULL CHECK (status IN ('started', 'completed', 'failed', 'sleeping', 'waiting')),
+    seq        integer NOT NULL,
+    executions integer NOT NULL DEFAULT 0,
+    output     json,
+    error      text,
+    error_code text,
+    wake_at    float8,
+    event      text,
+    since      float8,
+    deadline   float8,
+    PRIMARY KEY (job_id, name)
+);
+
+-- Fleet-wide concurrency: one row per held slot.
+CREATE TABLE trio_jobs_leases (
+    lease_key  text NOT NULL,
+    slot       integer NOT NULL,
+    job_id     uuid NOT NULL,
+    worker_id  text NOT NULL,
+    claim      bigint NOT NULL,
+    expires_at float8 NOT NULL,
+    PRIMARY KEY (lease_key, slot)
+);
+CREATE INDEX trio_jobs_leases_job_idx ON trio_jobs_leases (job_id);
+
+CREATE TABLE trio_jobs_events (
+    id           bigserial PRIMARY KEY,
+    name         text NOT NULL,
+    payload      json,
+    published_at float8 NOT NULL
+);
+CREATE INDEX trio_jobs_events_name_idx ON trio_jobs_events (name, published_at);
+
+CREATE TABLE trio_jobs_workers (
+    id             text PRIMARY KEY,
+    host           text NOT NULL,
+    pid            integer NOT NULL,
+    started_at     float8 NOT NULL,
+    queues         text[] NOT NULL,
+    slots          json NOT NULL,
+    in_flight      text[] NOT NULL DEFAULT '{}',
+    last_heartbeat float8 NOT NULL,
+    expires_at     float8 NOT NULL
+);
+
+-- History: one row per (minute, job name); read back in the spec's tiers.
+CREATE TABLE trio_jobs_counters (
+    bucket   float8 NOT NULL,
+    name     text NOT NULL,
+    done     integer NOT NULL DEFAULT 0,
+    retried  integer NOT NULL DEFAULT 0,
+    failed   integer NOT NULL DEFAULT 0,
+    dead     integer NOT NULL DEFAULT 0,
+    duration float8 NOT NULL DEFAULT 0,
+    PRIMARY KEY (bucket, name)
+);
+
+CREATE TABLE trio_jobs_queue_pauses (
+    queue     text PRIMARY KEY,
+    paused_at float8 NOT NULL
+);
+
+CREATE TABLE trio_jobs_task_pauses (
+    task      text PRIMARY KEY,
+    paused_at float8 NOT NULL
+);
+
+-- The transactional outbox, for a queue that does not live in the app's database.
+CREATE TABLE trio_jobs_outbox (
+    seq          bigserial PRIMARY KEY,
+    id           uuid NOT NULL UNIQUE,
+    request      json NOT NULL,
+    queue        text NOT NULL,
+    staged_at    float8 NOT NULL,
+    lease_until  float8,
+    attempts     integer NOT NULL DEFAULT 0,
+    last_error   text,
+    published_at float8
+);
+CREATE INDEX trio_jobs_outbox_pending_idx ON trio_jobs_outbox (seq) WHERE published_at IS NULL;

@@ -1,0 +1,289 @@
+-- The queue: enqueue, claim, settle, heartbeat, stats.
+--
+-- Every query is one statement (one round trip, atomic by itself). `%(now)s` is
+-- NULL in production (the database's clock) and a float only under a test clock.
+-- Each named query starts at a `-- name:` line and runs to the next one.
+
+-- name: enqueue_many
+-- Up to 1,000 requests in one statement, sent as one JSON array (`rows`): one
+-- parameter, parsed by the server, instead of fourteen arrays. The caller has
+-- already folded inputs sharing a live key (the first one stands for all), so
+-- every input here has its own (name, tenant_id, idempotency_key). An input is
+-- inserted unless a live row holds its key or its id is already a row (a
+-- republish) — ON CONFLICT DO NOTHING over both unique indexes — and otherwise
+-- answers the row that holds it, deduped. `notified` lists the queues this
+-- statement announced (a transactional pg_notify, only for queues the caller's
+-- 250 ms throttle allowed, only for rows due now). A NULL `found` means the
+-- holder committed after this statement's snapshot: the caller asks again.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+input AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json) AS t(
+        ord int, id uuid, run_id uuid, name text, queue text, payload json, tenant_id text,
+        idempotency_key text, concurrency_key text, max_attempts int, priority int,
+        run_at float8, delay float8, actor json, trace_context json)
+),
+ins AS (
+    INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
+        concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
+        trace_context)
+    SELECT i.id, i.run_id, i.name, i.queue, i.payload, i.tenant_id, i.idempotency_key,
+        i.concurrency_key, i.max_attempts, i.priority,
+        CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END,
+        r.run_at, n.now, n.now, i.actor, i.trace_context
+    FROM input i
+    CROSS JOIN n
+    CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
+    ORDER BY i.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, queue, state
+),
+notified AS (
+    SELECT s.queue, pg_notify(%(channel)s, s.queue)
+    FROM (SELECT DISTINCT queue FROM ins
+          WHERE state = 'ready' AND queue = ANY(%(notify)s::text[])) s
+)
+SELECT i.ord,
+    CASE WHEN mine.id IS NOT NULL THEN ARRAY[mine.id::text, mine.run_id::text]
+    ELSE coalesce(
+        -- per-row index lookups, only for the inputs that did not insert
+        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j
+         WHERE j.name = i.name AND j.idempotency_key = i.idempotency_key
+           AND j.tenant_id IS NOT DISTINCT FROM i.tenant_id
+           AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+         LIMIT 1),
+        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j WHERE j.id = i.id))
+    END AS found,
+    mine.id IS NULL AS deduped,
+    mine.state,
+    (SELECT array_agg(queue) FROM notified) AS notified
+FROM input i
+LEFT JOIN ins mine ON mine.id = i.id
+ORDER BY i.ord;
+
+-- name: claim
+-- One pass of a worker: up to `takes[k]` rows of `queues[k]` (unpaused queues
+-- only), best first by (priority, run_at, seq), locked with SKIP LOCKED so
+-- concurrent claimers never meet. In the same statement every running row whose
+-- lease lapsed is reaped: on its final attempt it is buried (dead, or failed for
+-- the `drop` names) and answered as `exhausted`; otherwise it is offered again,
+-- due at its lapse, and may be taken by this very pass. A reaped row's
+-- concurrency leases are released; burials move the counters. Each claimed
+-- row carries its step records.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+want AS (
+    SELECT w.queue, w.take, w.ord
+    FROM unnest(%(queues)s::text[], %(takes)s::int[]) WITH ORDINALITY AS w(queue, take, ord)
+    WHERE w.take > 0
+      AND NOT EXISTS (SELECT 1 FROM trio_jobs_queue_pauses p WHERE p.queue = w.queue)
+),
+lapsed AS (
+    SELECT j.id, j.queue, j.priority, j.lease_expires_at AS run_at, j.seq,
+        j.attempts >= j.max_attempts AS final
+    FROM trio_jobs_jobs j
+    WHERE j.state = 'running' AND j.lease_expires_at <= (SELECT now FROM n)
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+waiting AS (
+    SELECT c.*, want.ord AS qord
+    FROM want
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.queue, j.priority, j.run_at, j.seq, j.promoted, j.lapsed
+        FROM trio_jobs_jobs j
+        WHERE j.queue = want.queue
+          AND j.state IN ('ready', 'delayed', 'suspended')
+          AND j.run_at <= (SELECT now FROM n)
+        ORDER BY j.priority, j.run_at, j.seq
+        LIMIT want.take
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) c
+),
+candidates AS (
+    SELECT w.id, w.qord, w.priority, w.run_at, w.seq, w.promoted, w.lapsed FROM waiting w
+    UNION ALL
+    SELECT l.id, want.ord, l.priority, l.run_at, l.seq, false, true
+    FROM lapsed l JOIN want ON want.queue = l.queue
+    WHERE NOT l.final
+),
+pick AS (
+    SELECT c.* FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.qord ORDER BY c.priority, c.run_at, c.seq) AS rn
+        FROM candidates c
+    ) c
+    JOIN want ON want.ord = c.qord
+    WHERE c.rn <= want.take
+),
+claimed AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'running',
+        attempts = j.attempts + 1,
+        worker_id = %(worker_id)s,
+        claim = nextval('trio_jobs_claim_seq'),
+        run_at = p.run_at,
+        lease_expires_at = n.now + %(visibility)s,
+        updated_at = n.now,
+        waiting_event = NULL,
+        promoted = false,
+        lapsed = false
+    FROM pick p, n
+    WHERE j.id = p.id
+    RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.idempotency_key,
+        j.concurrency_key, j.attempts, j.max_attempts, j.worker_id, j.claim, j.created_at,
+        j.run_at, j.lease_expires_at, j.actor, j.trace_context, p.promoted, p.lapsed,
+        p.qord, p.rn
+),
+reoffered AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'ready', run_at = l.run_at, worker_id = NULL, claim = NULL,
+        promoted = false, lapsed = true, updated_at = n.now
+    FROM lapsed l, n
+    WHERE j.id = l.id AND NOT l.final AND NOT EXISTS (SELECT 1 FROM pick p WHERE p.id = l.id)
+),
+buried AS (
+    UPDATE trio_jobs_jobs j SET
+        state = CASE WHEN j.name = ANY(%(drop_names)s::text[]) THEN 'failed' ELSE 'dead' END,
+        error_code = 'X_JOB_LEASE_LOST',
+        last_error = format(%(lapse_message)s, j.attempts, j.max_attempts),
+        worker_id = NULL, claim = NULL, updated_at = n.now
+    FROM lapsed l, n
+    WHERE j.id = l.id AND l.final
+    RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.state, j.error_code,
+        j.last_error, n.now
+),
+freed AS (
+    DELETE FROM trio_jobs_leases s USING lapsed l WHERE s.job_id = l.id
+),
+counted AS (
+    INSERT INTO trio_jobs_counters AS c (bucket, name, dead, failed)
+    SELECT floor(b.now / 60) * 60, b.name,
+        count(*) FILTER (WHERE b.state = 'dead'), count(*) FILTER (WHERE b.state = 'failed')
+    FROM buried b GROUP BY 1, 2
+    ON CONFLICT (bucket, name) DO UPDATE
+        SET dead = c.dead + excluded.dead, failed = c.failed + excluded.failed
+)
+SELECT 'job' AS kind, c.id, c.run_id, c.name, c.queue, c.payload, c.tenant_id,
+    c.idempotency_key, c.concurrency_key, c.attempts, c.max_attempts, c.worker_id, c.claim,
+    c.created_at, c.run_at, c.lease_expires_at, c.actor, c.trace_context, c.promoted, c.lapsed,
+    NULL AS state, NULL AS error_code, NULL AS last_error, c.qord, c.rn,
+    -- the run's step records ride along: a replay needs no second round trip
+    coalesce((
+        SELECT json_agg(json_build_array(s.name, s.status, s.seq, s.executions, s.output,
+            s.error, s.error_code, s.wake_at, s.event, s.since, s.deadline) ORDER BY s.seq)
+        FROM trio_jobs_steps s WHERE s.job_id = c.id), '[]'::json) AS steps
+FROM claimed c
+UNION ALL
+SELECT 'exhausted', b.id, b.run_id, b.name, b.queue, b.payload, b.tenant_id,
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    b.state, b.error_code, b.last_error, NULL, NULL, NULL
+FROM buried b
+ORDER BY 1 DESC, 24, 25;
+
+-- name: ack_many
+-- Fenced completions, many in one statement (the settle combiner): only the
+-- claim's holder, while its lease holds. The rows' concurrency leases go and
+-- the `done` counters move in the same statement. Answers the ordinals that
+-- landed.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+input AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[],
+        %(results)s::text[], %(progress)s::text[], %(durations)s::float8[])
+        WITH ORDINALITY AS t(id, worker_id, claim, result, progress, duration, ord)
+),
+hit AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'done', result = i.result::json, worker_id = NULL, claim = NULL,
+        updated_at = n.now, progress = coalesce(i.progress::json, j.progress)
+    FROM input i, n
+    WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
+      AND j.claim = i.claim AND j.lease_expires_at > n.now
+    RETURNING j.id, j.name, i.ord, i.duration, n.now
+),
+freed AS (
+    DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
+),
+counted AS (
+    INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration)
+    SELECT floor(hit.now / 60) * 60, hit.name, count(*), coalesce(sum(hit.duration), 0)
+    FROM hit GROUP BY 1, 2
+    ON CONFLICT (bucket, name) DO UPDATE
+        SET done = c.done + excluded.done, duration = c.duration + excluded.duration
+)
+SELECT ord FROM hit;
+
+-- name: nack
+-- The fenced hand-back. Live again (ready/delayed/suspended, due at `run_at` or
+-- now + `delay`) or for good (dead/failed). `counted = false` gives the attempt
+-- back. Leases released, counters moved and, when the row is due now, its queue
+-- announced, all in the same statement.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+hit AS (
+    UPDATE trio_jobs_jobs j SET
+        attempts = j.attempts - CASE WHEN %(counted)s THEN 0 ELSE 1 END,
+        max_attempts = greatest(j.max_attempts, coalesce(%(max_attempts)s::int, j.max_attempts)),
+        progress = coalesce(%(progress)s::json, j.progress),
+        error_code = CASE WHEN %(set_error)s THEN %(error_code)s::text ELSE j.error_code END,
+        last_error = CASE WHEN %(set_error)s THEN %(last_error)s::text ELSE j.last_error END,
+        worker_id = NULL, claim = NULL, updated_at = n.now,
+        state = %(state)s,
+        run_at = CASE WHEN %(final)s THEN j.run_at
+                      ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
+        waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END
+    FROM n
+    WHERE j.id = %(id)s AND j.state = 'running' AND j.worker_id = %(worker_id)s
+      AND j.claim = %(claim)s AND j.lease_expires_at > n.now
+    RETURNING j.id, j.name, j.queue, j.run_at, n.now
+),
+freed AS (
+    DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
+),
+counted AS (
+    INSERT INTO trio_jobs_counters AS c (bucket, name, retried, failed, dead, duration)
+    SELECT floor(hit.now / 60) * 60, hit.name, %(c_retried)s, %(c_failed)s, %(c_dead)s,
+        coalesce(%(duration)s::float8, 0)
+    FROM hit
+    WHERE %(c_retried)s + %(c_failed)s + %(c_dead)s > 0
+    ON CONFLICT (bucket, name) DO UPDATE SET
+        retried = c.retried + excluded.retried, failed = c.failed + excluded.failed,
+        dead = c.dead + excluded.dead, duration = c.duration + excluded.duration
+),
+notified AS (
+    SELECT pg_notify(%(channel)s, hit.queue) FROM hit
+    WHERE NOT %(final)s AND hit.run_at <= hit.now AND NOT (hit.queue = ANY(%(quiet)s::text[]))
+)
+SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(now) FROM hit;
+
+-- name: heartbeat
+-- Renew every held row's lease, and its concurrency leases, in one statement.
+-- One answer per request: ok, lost (not ours any more) or cancelled.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+input AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[],
+        %(progress)s::text[]) WITH ORDINALITY AS t(id, worker_id, claim, progress, ord)
+),
+renewed AS (
+    UPDATE trio_jobs_jobs j SET
+        lease_expires_at = n.now + %(visibility)s,
+        progress = coalesce(i.progress::json, j.progress)
+    FROM input i, n
+    WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
+      AND j.claim = i.claim AND j.lease_expires_at > n.now
+    RETURNING j.id, j.worker_id, j.claim
+),
+leases AS (
+    UPDATE trio_jobs_leases s SET expires_at = n.now + %(visibility)s
+    FROM renewed r, n
+    WHERE s.job_id = r.id AND s.worker_id = r.worker_id AND s.claim = r.claim
+)
+SELECT i.ord,
+    CASE WHEN r.id IS NOT NULL THEN 'ok'
+         WHEN j.state = 'cancelled' AND j.worker_id IS NULL THEN 'cancelled'
+         ELSE 'lost' END
+FROM input i
+LEFT JOIN renewed r ON r.id = i.id AND r.worker_id = i.worker_id AND r.claim = i.claim
+LEFT JOIN trio_jobs_jobs j ON j.id = i.id
+ORDER BY i.ord;
+
+-- name: stats
+SELECT queue, state, count(*) FROM trio_jobs_jobs GROUP BY queue, state ORDER BY queue;
+
+-- name: now
+SELECT trio_jobs_now(%(now)s);

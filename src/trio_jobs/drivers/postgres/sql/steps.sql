@@ -1,0 +1,74 @@
+-- Step records, keyed by (job_id, name), and the event bus.
+
+-- name: steps_load
+SELECT name, status, seq, executions, output, error, error_code, wake_at, event, since, deadline
+FROM trio_jobs_steps
+WHERE job_id = %(job_id)s
+ORDER BY seq;
+
+-- name: steps_put_many
+-- The group commit: many slots' records in one statement. A record lands only
+-- while its fence holds the job row (checked under a share lock, so a settle
+-- racing it either lands first and refuses the record, or waits for it); a
+-- replaced record keeps the seq it was first recorded under. Answers the
+-- ordinals that landed.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+input AS (
+    SELECT * FROM unnest(
+        %(job_ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[], %(names)s::text[],
+        %(statuses)s::text[], %(seqs)s::int[], %(executions)s::int[], %(outputs)s::text[],
+        %(errors)s::text[], %(error_codes)s::text[], %(wake_ats)s::float8[],
+        %(events)s::text[], %(sinces)s::float8[], %(deadlines)s::float8[]
+    ) WITH ORDINALITY AS t(job_id, worker_id, claim, name, status, seq, executions, output,
+                           error, error_code, wake_at, event, since, deadline, ord)
+),
+owned AS (
+    SELECT i.* FROM input i
+    JOIN trio_jobs_jobs j ON j.id = i.job_id
+    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
+      AND j.lease_expires_at > (SELECT now FROM n)
+    FOR SHARE OF j
+),
+put AS (
+    INSERT INTO trio_jobs_steps AS s (job_id, name, status, seq, executions, output, error,
+        error_code, wake_at, event, since, deadline)
+    SELECT o.job_id, o.name, o.status, o.seq, o.executions, o.output::json, o.error,
+        o.error_code, o.wake_at, o.event, o.since, o.deadline
+    FROM owned o
+    ON CONFLICT (job_id, name) DO UPDATE SET
+        status = excluded.status, executions = excluded.executions, output = excluded.output,
+        error = excluded.error, error_code = excluded.error_code, wake_at = excluded.wake_at,
+        event = excluded.event, since = excluded.since, deadline = excluded.deadline
+    RETURNING s.job_id, s.name
+)
+SELECT o.ord FROM owned o JOIN put p ON p.job_id = o.job_id AND p.name = o.name;
+
+-- name: publish
+-- Store an event and make every run suspended on it due now; announce their
+-- queues in the same statement.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+ev AS (
+    INSERT INTO trio_jobs_events (name, payload, published_at)
+    SELECT %(name)s, %(payload)s::json, n.now FROM n
+    RETURNING id
+),
+woken AS (
+    UPDATE trio_jobs_jobs j SET run_at = n.now
+    FROM n
+    WHERE j.state = 'suspended' AND j.waiting_event = %(name)s AND j.run_at > n.now
+    RETURNING j.queue
+),
+notified AS (
+    SELECT pg_notify(%(channel)s, s.queue) FROM (SELECT DISTINCT queue FROM woken) s
+)
+SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM notified),
+    (SELECT array_agg(DISTINCT queue) FROM woken);
+
+-- name: poll
+-- Events named `name` published at or after `since`, oldest first, with the
+-- bus's own now (the first row always carries it).
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now)
+SELECT n.now, e.id, e.name, e.payload, e.published_at
+FROM n
+LEFT JOIN trio_jobs_events e ON e.name = %(name)s AND e.published_at >= %(since)s
+ORDER BY e.id;

@@ -1,0 +1,705 @@
+"""``simulate_jobs``: many workers over one driver, on a seeded scheduler and a virtual clock.
+
+Every driver call a worker makes waits for a permit. The arbiter grants one
+permit at a time, and only when every task is blocked, choosing among the
+waiting calls with a ``random.Random(seed)`` over a stable ordering of them.
+So the interleaving that matters (which call reaches the driver first) is the
+seed's, not Trio's scheduler's. When nothing waits for a permit, the arbiter
+jumps the virtual clock to the next deadline. Faults are drawn from the same
+seed at the same points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import random
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import orjson
+import trio
+import trio.testing
+
+from .. import _ambient
+from .._declare import Job
+from .._facade import Jobs, open_jobs
+from .._time import UuidSource
+from .._worker import Worker
+from ..drivers._protocol import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    AckOptions,
+    ClaimOptions,
+    ClaimResult,
+    HeartbeatStatus,
+    JobView,
+    NackOptions,
+    StepRecord,
+)
+from ..drivers.memory import MemoryDriver
+from ..errors import ErrorCode, JobsError
+from ._crash import Killed
+
+__all__ = ["Faults", "SimulationResult", "World", "simulate_jobs"]
+
+ORIGIN = 1_800_000_000.0
+SIM_VT = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class Faults:
+    """Seeded faults, each a probability per driver call (or a bound).
+
+    ``crash``: the worker dies at that call (nothing it had not committed lands)
+    and a fresh one replaces it later. ``lease_loss``: a heartbeat answers lost.
+    ``pause``: the worker stalls up to two visibility timeouts before the call
+    (its leases may lapse meanwhile). ``skew``: each worker's clock is off by up
+    to this many seconds. ``driver_errors``: the call fails transiently
+    (``X_DRIVER_UNAVAILABLE``), before or after it reached the driver.
+    ``lost_wakeups``: no wake-up is ever delivered; polling must carry the load.
+    ``drain``: the worker is drained (SIGTERM) at that call, then replaced.
+    """
+
+    crash: float = 0.0
+    lease_loss: float = 0.0
+    pause: float = 0.0
+    skew: float = 0.0
+    driver_errors: float = 0.0
+    lost_wakeups: bool = False
+    drain: float = 0.0
+
+
+@attrs.frozen
+class World:
+    """What an invariant sees: every job's view and the virtual now."""
+
+    jobs: Sequence[JobView]
+    now: float
+    driver: MemoryDriver
+
+
+@attrs.frozen
+class SimulationResult:
+    """``seed``, the ordered ``trace`` of events (identical for the same seed),
+    and the final ``world``."""
+
+    seed: int
+    trace: Sequence[tuple[Any, ...]]
+    world: World
+    job_runs: int
+
+    def trace_bytes(self) -> bytes:
+        return orjson.dumps(list(self.trace))
+
+
+class InvariantBroken(AssertionError):
+    """A built-in invariant failed."""
+
+
+# --------------------------------------------------------------------------- the arbiter
+
+
+class _Arbiter:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.waiting: dict[tuple[str, str, int], trio.Event] = {}
+        self.counts: dict[tuple[str, str], int] = {}
+        self.trace: list[tuple[Any, ...]] = []
+
+    async def permit(self, who: str) -> None:
+        # A stable key: which worker, which of its (sequential) tasks, and how many
+        # permits that task had before. Arrival order, which Trio decides, is not in it.
+        role = _ambient.role_var.get()
+        n = self.counts.get((who, role), 0)
+        self.counts[(who, role)] = n + 1
+        key = (who, role, n)
+        event = trio.Event()
+        self.waiting[key] = event
+        try:
+            await event.wait()
+        except BaseException:
+            # Cancelled while waiting (its worker is going away): no stale permit.
+            self.waiting.pop(key, None)
+            raise
+
+    def grant_one(self) -> bool:
+        if not self.waiting:
+            return False
+        keys = sorted(self.waiting)
+        key = keys[self.rng.randrange(len(keys))]
+        self.waiting.pop(key).set()
+        return True
+
+
+# --------------------------------------------------------------------------- the checked driver
+
+
+class _Checker:
+    """Built-in invariants, checked as calls land."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        self.driver = driver
+        self.completed: dict[tuple[str, str], Any] = {}
+        self.holders: dict[str, tuple[Any, float]] = {}
+        self.enqueued: set[str] = set()
+        self.violations: list[str] = []
+
+    def fail(self, message: str) -> None:
+        self.violations.append(message)
+
+    def on_claim(self, result: ClaimResult) -> None:
+        now = self.driver.now()
+        for job in result.jobs:
+            held = self.holders.get(job.id)
+            if held is not None and held[1] > now and held[0] != job.fence:
+                self.fail(f"two live leases on job {job.id}: {held[0]} and {job.fence}")
+            self.holders[job.id] = (job.fence, job.lease_expires_at)
+
+    def on_settle(self, job_id: str, fence: Any) -> None:
+        held = self.holders.get(job_id)
+        if held is not None and held[0] == fence:
+            del self.holders[job_id]
+
+    def on_heartbeat(self, job_id: str, fence: Any, status: str) -> None:
+        if status == HeartbeatStatus.OK:
+            row = self.driver._rows.get(job_id)
+            if row is not None:
+                self.holders[job_id] = (fence, row.lease_expires_at)
+
+    def on_step(self, job_id: str, record: StepRecord, landed: bool) -> None:
+        if not landed or record.status != "completed":
+            return
+        key = (job_id, record.name)
+        if key in self.completed:
+            self.fail(f"step {record.name!r} of job {job_id} recorded completed twice")
+        self.completed[key] = record.output
+
+    def on_nack(self, job_id: str, options: NackOptions, attempt_before: int, landed: bool) -> None:
+        if not landed or options.counted:
+            return
+        row = self.driver._rows.get(job_id)
+        if row is not None and row.attempts != attempt_before - 1:
+            self.fail(f"an uncounted hand-back of job {job_id} left attempts at {row.attempts}")
+
+    def at_rest(self) -> None:
+        for job_id in self.enqueued:
+            if job_id not in self.driver._rows:
+                self.fail(f"committed job {job_id} was lost")
+
+
+_LEGAL = {
+    ("ready", "running"),
+    ("delayed", "running"),
+    ("suspended", "running"),
+    ("running", "done"),
+    ("running", "dead"),
+    ("running", "failed"),
+    ("running", "ready"),
+    ("running", "delayed"),
+    ("running", "suspended"),
+    ("ready", "cancelled"),
+    ("delayed", "cancelled"),
+    ("suspended", "cancelled"),
+    ("running", "cancelled"),
+    ("delayed", "ready"),
+    ("suspended", "ready"),
+}
+
+
+class _SimDriver:
+    """One worker's view of the shared driver: permits, faults, checks, trace."""
+
+    def __init__(self, sim: _Sim, label: str, skew: float) -> None:
+        self._sim = sim
+        self._d = sim.driver
+        self.label = label
+        self.skew = skew
+        self.dead = False
+        self.changed = trio.Event()  # set when this worker crashes or is drained
+        self.name = self._d.name
+        self.steps = _Sub(self, "steps", self._d.steps)
+        self.events = _Sub(self, "events", self._d.events)
+        self.leases = _Sub(self, "leases", self._d.leases)
+        self.introspect = _Sub(self, "introspect", self._d.introspect)
+        self.wake = _SimWake(self) if self._d.wake is not None else None
+        self.event_poll_default = 30.0
+
+    def now(self) -> float:
+        return self._d.now() + self.skew
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        await self._gate("transaction", ())
+        async with self._d.transaction() as tx:
+            yield tx
+
+    async def _gate(self, method: str, args: tuple[Any, ...]) -> str | None:
+        """Wait for the permit; answer the fault to apply, if any."""
+        if self.dead:
+            raise Killed()
+        sim = self._sim
+        await sim.arbiter.permit(self.label)
+        if self.dead:
+            raise Killed()
+        if self.label == "scenario":
+            return None  # the app enqueueing is not a worker: no faults there
+        faults = sim.faults
+        rng = sim.fault_rng
+        if faults.pause and rng.random() < faults.pause:
+            pause = rng.uniform(0, 2 * SIM_VT)
+            sim.record(self.label, "pause", round(pause, 3))
+            await trio.sleep(pause)
+            await sim.arbiter.permit(self.label)
+        if faults.crash and rng.random() < faults.crash:
+            sim.record(self.label, "crash", method)
+            self.dead = True
+            sim.crashed(self)
+            raise Killed()
+        if faults.drain and rng.random() < faults.drain and not sim.draining(self):
+            sim.record(self.label, "drain", method)
+            sim.drain(self)
+        if faults.driver_errors and method != "wait" and rng.random() < faults.driver_errors:
+            when = "before" if rng.random() < 0.5 else "after"
+            return f"error-{when}"
+        return None
+
+    async def _call(self, method: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        fault = await self._gate(method, args)
+        if fault == "error-before":
+            self._sim.record(self.label, method, "error-before")
+            raise JobsError(ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error")
+        attempt_before = 0
+        if method == "nack":
+            row = self._d._rows.get(args[0])
+            attempt_before = row.attempts if row is not None else 0
+        result = await fn(*args)
+        self._sim.check_transitions(_touched(method, args, result), method)
+        self._observe(method, args, result, attempt_before)
+        if fault == "error-after":
+            self._sim.record(self.label, method, "error-after")
+            raise JobsError(
+                ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error (after landing)"
+            )
+        return result
+
+    def _observe(
+        self, method: str, args: tuple[Any, ...], result: Any, attempt_before: int
+    ) -> None:
+        sim = self._sim
+        checker = sim.checker
+        if method == "claim":
+            assert isinstance(result, ClaimResult)
+            checker.on_claim(result)
+            sim.job_runs += len(result.jobs)
+            sim.record(
+                self.label,
+                "claim",
+                [j.id[:8] for j in result.jobs],
+                [e.id[:8] for e in result.exhausted],
+            )
+        elif method == "enqueue_many":
+            for r in result:
+                checker.enqueued.add(r.id)
+            sim.record(self.label, "enqueue", [(r.id[:8], r.deduped) for r in result])
+        elif method in ("ack", "nack"):
+            job_id, options = args
+            checker.on_settle(job_id, options.fence)
+            if method == "nack":
+                checker.on_nack(job_id, options, attempt_before, bool(result))
+                sim.record(
+                    self.label, "nack", job_id[:8], options.state, options.counted, bool(result)
+                )
+            else:
+                sim.record(self.label, "ack", job_id[:8], bool(result))
+        elif method == "heartbeat":
+            requests, _vt = args
+            for req, status in zip(requests, result, strict=True):
+                checker.on_heartbeat(req.job_id, req.fence, status)
+            sim.record(
+                self.label,
+                "heartbeat",
+                [(r.job_id[:8], s) for r, s in zip(requests, result, strict=True)],
+            )
+        elif method == "steps.put":
+            job_id, _fence, record = args
+            checker.on_step(job_id, record, bool(result))
+            sim.record(self.label, "step", job_id[:8], record.name, record.status, bool(result))
+        else:
+            sim.record(self.label, method)
+
+    async def enqueue_many(self, requests: Any) -> Any:
+        return await self._call("enqueue_many", self._d.enqueue_many, requests)
+
+    async def claim(self, options: ClaimOptions) -> Any:
+        return await self._call("claim", self._d.claim, options)
+
+    async def ack(self, job_id: str, options: AckOptions) -> Any:
+        return await self._call("ack", self._d.ack, job_id, options)
+
+    async def nack(self, job_id: str, options: NackOptions) -> Any:
+        return await self._call("nack", self._d.nack, job_id, options)
+
+    async def heartbeat(self, requests: Any, visibility_timeout: float) -> Any:
+        faults = self._sim.faults
+        result = await self._call("heartbeat", self._d.heartbeat, requests, visibility_timeout)
+        if faults.lease_loss and self._sim.fault_rng.random() < faults.lease_loss:
+            self._sim.record(self.label, "lease-loss")
+            return [HeartbeatStatus.LOST for _ in result]
+        return result
+
+    async def stats(self) -> Any:
+        return await self._call("stats", self._d.stats)
+
+
+class _Sub:
+    def __init__(self, owner: _SimDriver, prefix: str, target: Any) -> None:
+        self._owner = owner
+        self._prefix = prefix
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+        method = f"{self._prefix}.{name}"
+        if method in _UNGATED:
+            return value
+        return functools.partial(self._owner._call, method, value)
+
+
+class _SimWake:
+    def __init__(self, owner: _SimDriver) -> None:
+        self._owner = owner
+
+    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        if self._owner.dead:
+            raise Killed()
+        if self._owner._sim.faults.lost_wakeups:
+            await trio.sleep(timeout)
+            return False
+        wake = self._owner._d.wake
+        assert wake is not None
+        return await wake.wait(queues, timeout)
+
+
+# --------------------------------------------------------------------------- the simulation
+
+
+class _SimClock:
+    def now(self) -> float:
+        return ORIGIN + trio.current_time()
+
+
+class _Sim:
+    def __init__(self, seed: int, faults: Faults) -> None:
+        self.seed = seed
+        self.faults = faults
+        self.arbiter = _Arbiter(random.Random(seed))
+        self.fault_rng = random.Random(seed * 7919 + 1)
+        self.driver = MemoryDriver(clock=_SimClock())
+        self.checker = _Checker(self.driver)
+        self.trace = self.arbiter.trace
+        self.job_runs = 0
+        self._crashed: list[_SimDriver] = []
+        self._drains: set[str] = set()
+        self.workers: dict[str, Worker] = {}
+        self.drain_requests: list[str] = []
+        self.shadow: dict[str, str] = {}
+        self.final_views: list[JobView] = []
+        self.final_now = ORIGIN
+
+    def record(self, *event: Any) -> None:
+        self.trace.append((round(trio.current_time(), 6), *event))
+
+    def check_transitions(self, touched: Sequence[str], method: str) -> None:
+        """Compare each touched row's state with the last one seen (a shadow)."""
+        rows = self.driver._rows
+        for job_id in touched:
+            row = rows.get(job_id)
+            new = row.state if row is not None else "removed"
+            old = self.shadow.get(job_id)
+            self.shadow[job_id] = new
+            if old is None or old == new or method.startswith("introspect"):
+                continue
+            if (old, new) not in _LEGAL and not (method == "claim" and old == "running"):
+                self.checker.fail(f"illegal transition {old} -> {new} of job {job_id} in {method}")
+
+    def crashed(self, driver: _SimDriver) -> None:
+        self._crashed.append(driver)
+        driver.changed.set()
+
+    def draining(self, driver: _SimDriver) -> bool:
+        return driver.label in self._drains
+
+    def drain(self, driver: _SimDriver) -> None:
+        # Abort the held jobs now, at this call, so the seed decides what the
+        # drain interrupts; the worker's own task then waits for the bodies.
+        worker = self.workers.get(driver.label)
+        if worker is not None:
+            worker.begin_drain()
+        self._drains.add(driver.label)
+        self.drain_requests.append(driver.label)
+        driver.changed.set()
+
+
+#: Calls that move nothing the invariants or other workers read: no permit, no trace line.
+_UNGATED = frozenset({"introspect.record_worker", "introspect.remove_worker", "introspect.workers"})
+
+
+def _seed_trio_scheduler(seed: int) -> None:
+    """Make Trio's batch shuffle reproducible inside the simulation's own run.
+
+    The interleavings that decide correctness are the arbiter's; this only pins
+    incidental orders (two timers of one worker firing at the same virtual
+    instant) so a seed replays byte for byte. It uses the same private hook
+    pytest-trio uses for Hypothesis; without it, traces still agree on every
+    driver call the arbiter ordered."""
+    try:
+        from trio._core import _run
+    except ImportError:  # pragma: no cover - a Trio without the hook
+        return
+    rng = getattr(_run, "_r", None)
+    if isinstance(rng, random.Random):
+        rng.seed(seed)
+
+
+def _touched(method: str, args: tuple[Any, ...], result: Any) -> list[str]:
+    """The rows a driver call may have moved."""
+    if method == "claim":
+        return [j.id for j in result.jobs] + [e.id for e in result.exhausted]
+    if method == "enqueue_many":
+        return [r.id for r in result]
+    if method in ("ack", "nack") or method in (
+        "introspect.cancel",
+        "introspect.requeue",
+        "introspect.promote",
+    ):
+        return [args[0]]
+    if method == "heartbeat":
+        return [r.job_id for r in args[0]]
+    return []
+
+
+def _killed_only(exc: BaseException) -> bool:
+    if isinstance(exc, Killed):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_killed_only(e) for e in exc.exceptions)
+    return False
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    value = fn(*args)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+async def _simulate(
+    jobs: Sequence[Job[Any, Any]],
+    workers: int,
+    seed: int,
+    scenario: Any,
+    invariant: Callable[[World], Any] | None,
+    faults: Faults,
+    check: str,
+    max_time: float,
+    worker_options: dict[str, Any],
+) -> SimulationResult:
+    sim = _Sim(seed, faults)
+    ids = UuidSource(seed)
+    labels = [f"w{i}" for i in range(workers)]
+    generation: dict[str, int] = dict.fromkeys(labels, 0)
+    done = trio.Event()
+    failure: list[BaseException] = []
+
+    async def check_now() -> None:
+        violations = list(sim.checker.violations)
+        if violations:
+            raise InvariantBroken("; ".join(violations))
+        if invariant is not None:
+            views = await _views(sim.driver)
+            await _call(invariant, World(views, sim.driver.now(), sim.driver))
+
+    async def run_worker(label: str, nursery: trio.Nursery) -> None:
+        gen = generation[label]
+        # Per-worker draws come from their own stream, keyed by who they are, so the
+        # order in which replacements start cannot change them.
+        own = random.Random(f"{seed}:{label}:{gen}")
+        skew = own.uniform(-faults.skew, faults.skew) if faults.skew else 0.0
+        restart = own.uniform(1.0, SIM_VT)
+        proxy = _SimDriver(sim, f"{label}.{gen}", skew)
+        facade = Jobs(proxy, list(jobs), ids=ids)  # type: ignore[arg-type]
+        options = {
+            "visibility_timeout": SIM_VT,
+            "poll_interval": 0.25,
+            "idle_poll_max": 2.0,
+            **worker_options,
+        }
+        worker = Worker(
+            facade,
+            worker_id=f"{label}.{gen}",
+            jitter=random.Random(seed + gen * 1009 + zlib.crc32(label.encode()) % 997),
+            **options,
+        )
+        sim.workers[proxy.label] = worker
+        try:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(worker.run)
+                while not proxy.dead and proxy.label not in sim._drains and not done.is_set():
+                    await proxy.changed.wait()
+                if proxy.label in sim._drains and not proxy.dead:
+                    await worker.drain()
+                inner.cancel_scope.cancel()
+        except BaseException as exc:
+            if not _killed_only(exc):
+                raise
+        if done.is_set():
+            return
+        generation[label] = gen + 1
+
+        async def later() -> None:
+            await trio.sleep(restart)
+            if not done.is_set():
+                await run_worker(label, nursery)
+
+        nursery.start_soon(later)
+
+    inner: list[trio.CancelScope] = []
+
+    async def arbiter_loop(clock: trio.testing.MockClock) -> None:
+        while True:
+            await trio.testing.wait_all_tasks_blocked()
+            if sim.arbiter.grant_one():
+                if check == "every-event":
+                    try:
+                        await check_now()
+                    except BaseException as exc:
+                        failure.append(exc)
+                        done.set()
+                        for scope in inner:
+                            scope.cancel()
+                continue
+            if stopped.is_set():
+                return
+            stats = trio.lowlevel.current_statistics()
+            if trio.current_time() >= max_time or stats.seconds_to_next_deadline == float("inf"):
+                return
+            clock.jump(stats.seconds_to_next_deadline)
+
+    stopped = trio.Event()
+
+    async def main(clock: trio.testing.MockClock) -> None:
+        _seed_trio_scheduler(seed)
+        async with (
+            open_jobs(sim.driver, jobs=jobs, ids=ids) as _facade,
+            trio.open_nursery() as outer,
+        ):
+            # The arbiter outlives the workers: their shielded clean-up asks for permits too.
+            outer.start_soon(arbiter_loop, clock)
+            if True:
+                async with trio.open_nursery() as nursery:
+                    inner.append(nursery.cancel_scope)
+                    scenario_driver = _SimDriver(sim, "scenario", 0.0)
+                    scenario_facade = Jobs(scenario_driver, list(jobs), ids=ids)  # type: ignore[arg-type]
+                    token = _ambient.facade_var.set(scenario_facade)
+                    try:
+                        if callable(scenario):
+                            await _call(scenario)
+                        else:
+                            for handle, value in scenario:
+                                await handle.enqueue(value)
+                    finally:
+                        _ambient.facade_var.reset(token)
+                    for label in labels:
+                        nursery.start_soon(run_worker, label, nursery)
+                    # quiet: every job settled
+                    while trio.current_time() < max_time and not done.is_set():
+                        await trio.sleep(1.0)
+                        rows = sim.driver._rows.values()
+                        if all(r.state in TERMINAL_STATES for r in rows):
+                            break
+                    done.set()
+                    nursery.cancel_scope.cancel()
+            stopped.set()
+            if failure:
+                raise failure[0]
+            sim.checker.at_rest()
+            await check_now()
+            sim.final_views = await _views(sim.driver)
+            sim.final_now = sim.driver.now()
+
+    clock = trio.testing.MockClock()
+    await trio.to_thread.run_sync(functools.partial(trio.run, main, clock, clock=clock))
+    world = World(sim.final_views, sim.final_now, sim.driver)
+    return SimulationResult(seed=seed, trace=list(sim.trace), world=world, job_runs=sim.job_runs)
+
+
+async def _views(driver: MemoryDriver) -> list[JobView]:
+    intro = driver.introspect
+    assert intro is not None
+    return [await intro.show(job_id) for job_id in list(driver._rows)]
+
+
+async def simulate_jobs(
+    *,
+    jobs: Sequence[Job[Any, Any]],
+    workers: int = 3,
+    seed: int = 42,
+    scenario: Sequence[tuple[Job[Any, Any], Any]] | Callable[[], Awaitable[Any]],
+    invariant: Callable[[World], Any] | None = None,
+    faults: Faults | None = None,
+    check: Literal["quiet", "every-event"] = "quiet",
+    max_time: float = 30 * 86400.0,
+    **worker_options: Any,
+) -> SimulationResult:
+    """Run ``workers`` workers over one memory driver on a seeded scheduler.
+
+    ``scenario`` is a list of ``(job, input)`` to enqueue, or an async callable
+    that enqueues. ``invariant(world)`` fails by raising; it runs once the
+    simulation is quiet (every job settled), and between events too with
+    ``check="every-event"``. Built-in invariants always run: no committed job
+    lost, no step result recorded twice, at most one live lease per job, legal
+    state transitions only, drained attempts uncounted. A failure is
+    ``JobsError("X_SIMULATION_INVARIANT")`` with the seed, and a one-line
+    reproduction in its message. The same seed gives the identical trace.
+    """
+    try:
+        return await _simulate(
+            list(jobs),
+            workers,
+            seed,
+            scenario,
+            invariant,
+            faults or Faults(),
+            check,
+            max_time,
+            worker_options,
+        )
+    except JobsError:
+        raise
+    except BaseException as exc:
+        found = exc
+        while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+            found = found.exceptions[0]
+        if isinstance(found, trio.Cancelled | KeyboardInterrupt):
+            raise
+        raise JobsError(
+            ErrorCode.X_SIMULATION_INVARIANT,
+            f"simulation seed {seed} broke an invariant: {type(found).__name__}: {found}. "
+            f"Reproduce: python -m simulation run --scenario <name> --seed {seed}",
+            meta={"seed": seed},
+        ) from found
+
+
+_ = LIVE_STATES

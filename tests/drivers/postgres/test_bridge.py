@@ -1,0 +1,125 @@
+"""The bridge: psycopg on Trio's I/O loop, cancellation reaching the server."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+import trio
+
+from trio_jobs.drivers.postgres._bridge import Database, Pool
+from trio_jobs.errors import JobsError
+
+pytestmark = pytest.mark.postgres
+
+
+def _active_sleeps(dsn: str, marker: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
+            (f"%{marker}%",),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_round_trip_and_json(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=2))
+    try:
+        rows = await db.fetch('SELECT %s::int + 1, \'{"b": 1, "a": [2]}\'::json', (41,))
+        assert rows == [(42, {"b": 1, "a": [2]})]
+        assert await db.fetch("SELECT 1 WHERE false") == []
+    finally:
+        await db.pool.close()
+
+
+async def test_cancelling_the_scope_cancels_the_query_on_the_server(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1))
+    marker = "bridge_cancel_probe_1"
+    try:
+        started = time.monotonic()
+        with trio.move_on_after(0.3) as scope:
+            await db.fetch(f"SELECT pg_sleep(30) /* {marker} */")
+        assert scope.cancelled_caught
+        assert time.monotonic() - started < 5.0
+        # the server stopped the query, not just the client waiting on it
+        assert _active_sleeps(pg_dsn, marker) == 0
+        # and the pool's one connection is healthy and reused
+        assert db.pool.size == 1
+        assert await db.fetch("SELECT 2") == [(2,)]
+        assert db.pool.size == 1
+    finally:
+        await db.pool.close()
+
+
+async def test_cancelling_inside_a_transaction_rolls_it_back(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1))
+    marker = "bridge_cancel_probe_2"
+    try:
+        await db.fetch("CREATE TABLE IF NOT EXISTS pg_temp.t (x int)")
+        with trio.move_on_after(0.3):
+            async with db.transaction() as tx:
+                await tx.execute("CREATE TEMP TABLE IF NOT EXISTS bridge_tx (x int)")
+                await tx.execute("INSERT INTO bridge_tx VALUES (1)")
+                await tx.execute(f"SELECT pg_sleep(30) /* {marker} */")
+        assert _active_sleeps(pg_dsn, marker) == 0
+        # the temp table was created in the rolled-back transaction: gone
+        rows = await db.fetch("SELECT to_regclass('pg_temp.bridge_tx') IS NULL")
+        assert rows == [(True,)]
+    finally:
+        await db.pool.close()
+
+
+async def test_many_tasks_share_the_pool(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=4))
+    results: list[int] = []
+    try:
+
+        async def one(i: int) -> None:
+            rows = await db.fetch("SELECT %s::int", (i,))
+            results.append(int(rows[0][0]))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(one, i)
+        assert sorted(results) == list(range(50))
+        assert db.pool.size <= 4
+    finally:
+        await db.pool.close()
+
+
+async def test_a_connection_killed_by_the_server_is_replaced(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1))
+    try:
+        pid = (await db.fetch("SELECT pg_backend_pid()"))[0][0]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(JobsError) as err:
+            await db.fetch("SELECT 1")
+        assert err.value.code == "X_DRIVER_UNAVAILABLE"
+        assert await db.fetch("SELECT 1") == [(1,)]
+    finally:
+        await db.pool.close()
+
+
+async def test_an_unreachable_server_is_driver_unavailable() -> None:
+    db = Database(Pool("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", max_size=1))
+    with pytest.raises(JobsError) as err:
+        await db.fetch("SELECT 1")
+    assert err.value.code == "X_DRIVER_UNAVAILABLE"
+    assert "nobody" not in str(err.value)  # no user, host or password in the message
+    await db.pool.close()
+
+
+def test_no_asyncio_outside_the_bridge() -> None:
+    """STYLE principle 1: only a bridge module may import asyncio (this one needs none)."""
+    import pathlib
+
+    import trio_jobs.drivers.postgres as pkg
+
+    root = pathlib.Path(pkg.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "import asyncio" not in text, path
+        assert "from asyncio" not in text, path

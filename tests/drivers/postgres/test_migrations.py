@@ -1,0 +1,108 @@
+"""Migrations: idempotent, locked, recorded; replaying them gives the shipped schema."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import trio
+
+from trio_jobs.drivers.postgres import SCHEMA_VERSION, migrate, postgres_driver
+from trio_jobs.drivers.postgres._sql import migrations, schema_sql
+from trio_jobs.errors import JobsError
+
+from .conftest import sql
+
+pytestmark = pytest.mark.postgres
+
+_CATALOG = """
+SELECT 'column', c.table_name || '.' || c.column_name,
+       c.data_type || ' ' || c.is_nullable || ' ' ||
+       coalesce(regexp_replace(c.column_default, 'tj_[0-9a-f]+\\.', '', 'g'), '')
+FROM information_schema.columns c WHERE c.table_schema = %(s)s
+UNION ALL
+SELECT 'index', i.tablename || '.' || i.indexname,
+       regexp_replace(i.indexdef, 'tj_[0-9a-f]+\\.', '', 'g')
+FROM pg_indexes i WHERE i.schemaname = %(s)s
+UNION ALL
+SELECT 'constraint', t.relname || '.' || k.conname, pg_get_constraintdef(k.oid)
+FROM pg_constraint k JOIN pg_class t ON t.oid = k.conrelid
+JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = %(s)s
+UNION ALL
+SELECT 'function', p.proname, pg_get_function_arguments(p.oid) || ' -> ' ||
+       pg_get_function_result(p.oid) || ' ' || md5(p.prosrc)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %(s)s
+UNION ALL
+SELECT 'sequence', s.sequencename, s.data_type::text FROM pg_sequences s WHERE s.schemaname = %(s)s
+ORDER BY 1, 2, 3
+"""
+
+
+@pytest.fixture
+def other_schema(pg_dsn: str) -> Iterator[str]:
+    name = f"tj_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+def _catalog(dsn: str, schema: str) -> list[tuple[object, ...]]:
+    rows = sql(dsn, schema, _CATALOG, {"s": schema})
+    return [r for r in rows if "trio_jobs_migrations" not in str(r[1])]
+
+
+async def test_replaying_the_migrations_gives_the_shipped_schema(
+    pg_dsn: str, pg_schema: str, other_schema: str
+) -> None:
+    assert await migrate(pg_dsn, schema=pg_schema) == [v for v, _n, _s in migrations()]
+    with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={other_schema}") as c:
+        c.execute(schema_sql().encode())
+    replayed, shipped = _catalog(pg_dsn, pg_schema), _catalog(pg_dsn, other_schema)
+    assert replayed
+    assert replayed == shipped
+
+
+async def test_migrate_is_idempotent_and_records_versions(pg_dsn: str, pg_schema: str) -> None:
+    assert await migrate(pg_dsn, schema=pg_schema) == list(range(1, SCHEMA_VERSION + 1))
+    assert await migrate(pg_dsn, schema=pg_schema) == []
+    rows = sql(pg_dsn, pg_schema, "SELECT version, name FROM trio_jobs_migrations ORDER BY 1")
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    assert rows[0][1] == "0001_initial.sql"
+
+
+async def test_racing_migrators_apply_each_version_once(pg_dsn: str, pg_schema: str) -> None:
+    applied: list[list[int]] = []
+
+    async def one() -> None:
+        applied.append(await migrate(pg_dsn, schema=pg_schema))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(one)
+    assert sorted(map(tuple, applied)) == [(), (), (), tuple(range(1, SCHEMA_VERSION + 1))]
+
+
+async def test_migrate_false_refuses_an_out_of_date_schema(pg_dsn: str, pg_schema: str) -> None:
+    driver = postgres_driver(pg_dsn, schema=pg_schema, migrate=False)
+    with pytest.raises(JobsError) as err:
+        await driver.open()
+    assert err.value.code == "X_CONFIG_INVALID"
+    assert "trio-jobs migrate" in err.value.message
+    await migrate(pg_dsn, schema=pg_schema)
+    await driver.open()
+    await driver.close()
+
+
+async def test_constructing_does_no_io() -> None:
+    driver = postgres_driver("postgresql://nobody@127.0.0.1:1/none")
+    assert driver.name == "postgres"
+    with pytest.raises(JobsError) as err:
+        await driver.enqueue_many([])
+    assert err.value.code == "X_DRIVER_UNAVAILABLE"
+    with pytest.raises(JobsError) as err:
+        await driver.open()
+    assert err.value.code == "X_DRIVER_UNAVAILABLE"

@@ -1,0 +1,272 @@
+"""The PostgreSQL driver's own promises, beyond the conformance suite: one
+statement per batch, dedupe under concurrency, commit is the enqueue, fencing,
+group commit, the wake."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from trio_jobs.drivers import (
+    AckOptions,
+    ClaimOptions,
+    Fence,
+    HeartbeatRequest,
+    NackOptions,
+    StepRecord,
+)
+from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
+
+from .conftest import FakeClock, req, sql
+
+pytestmark = pytest.mark.postgres
+
+
+def _count_statements(driver: PostgresDriver) -> list[str]:
+    """Record every statement the driver sends (wraps the driver's own Database)."""
+    seen: list[str] = []
+    db = driver.db
+    original = db.fetch
+
+    async def fetch(statement: str, params: Any = None) -> Any:
+        seen.append(statement)
+        return await original(statement, params)
+
+    db.fetch = fetch  # type: ignore[method-assign]
+    return seen
+
+
+async def test_twenty_concurrent_enqueues_of_one_key_make_one_row(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    drivers = [postgres_driver(pg_dsn, schema=pg_schema) for _ in range(2)]
+    for d in drivers:
+        await d.open()
+    results: list[Any] = []
+    try:
+
+        async def one(i: int) -> None:
+            out = await drivers[i % 2].enqueue_many([req("the-one-key", payload={"i": i})])
+            results.append(out[0])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(one, i)
+    finally:
+        for d in drivers:
+            await d.close()
+    assert len(results) == 20
+    assert len({r.id for r in results}) == 1
+    assert sum(not r.deduped for r in results) == 1
+    rows = sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs")
+    assert rows == [(1,)]
+
+
+async def test_enqueue_many_of_a_thousand_is_one_statement(driver: PostgresDriver) -> None:
+    seen = _count_statements(driver)
+    out = await driver.enqueue_many([req(f"k{i}") for i in range(1000)])
+    assert len(out) == 1000
+    assert len(seen) == 1
+    out = await driver.enqueue_many([req(f"m{i}") for i in range(2500)])
+    assert len(out) == 2500
+    assert len(seen) == 4  # one per 1,000
+
+
+async def test_a_rolled_back_transaction_leaves_no_job(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    sql(pg_dsn, pg_schema, "CREATE TABLE posts (id int PRIMARY KEY)")
+
+    class Boom(Exception):
+        pass
+
+    async def body() -> None:
+        async with driver.transaction() as tx:
+            await tx.execute("INSERT INTO posts VALUES (%s)", (1,))
+            out = await tx.enqueue_many([req("ghost")])
+            await tx.publish("ghost-event", {"x": 1})
+            # visible inside the transaction...
+            assert await tx.execute("SELECT count(*) FROM trio_jobs_jobs") == [(1,)]
+            assert out[0].deduped is False
+            raise Boom
+
+    with pytest.raises(Boom):
+        await body()
+    # ...and never existed outside it
+    assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs") == [(0,)]
+    assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM posts") == [(0,)]
+    assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_events") == [(0,)]
+    # a key staged in a rolled-back transaction is free
+    assert not (await driver.enqueue_many([req("ghost")]))[0].deduped
+
+
+async def test_a_committed_transaction_is_the_enqueue(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    sql(pg_dsn, pg_schema, "CREATE TABLE posts (id int PRIMARY KEY)")
+    async with driver.transaction() as tx:
+        await tx.execute("INSERT INTO posts VALUES (%(id)s)", {"id": 7})
+        first = await tx.enqueue_many([req("notify-7"), req("notify-7")])
+        assert [r.deduped for r in first] == [False, True]
+        # not visible to others before the commit
+        assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs") == [(0,)]
+    assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs") == [(1,)]
+    got = await driver.claim(ClaimOptions("w", {"default": 5}, 30.0))
+    assert [j.id for j in got.jobs] == [first[0].id]
+
+
+async def test_settles_are_fenced_on_worker_and_claim(
+    clocked: PostgresDriver, clock: FakeClock
+) -> None:
+    d = clocked
+    await d.enqueue_many([req("f")])
+    job = (await d.claim(ClaimOptions("w1", {"default": 1}, 30.0))).jobs[0]
+    wrong_worker = Fence("w2", job.fence.claim)
+    wrong_claim = Fence("w1", job.fence.claim + 1000)
+    for fence in (wrong_worker, wrong_claim):
+        assert not await d.ack(job.id, AckOptions(fence=fence))
+        assert not await d.nack(job.id, NackOptions(fence=fence, state="ready"))
+        assert not await d.steps.put(job.id, fence, StepRecord("s", "completed", 1, 1))
+        assert await d.heartbeat([HeartbeatRequest(job.id, fence)], 30.0) == ["lost"]
+    clock.advance(29.0)
+    assert await d.heartbeat([HeartbeatRequest(job.id, job.fence)], 30.0) == ["ok"]
+    clock.advance(29.0)  # alive only thanks to the heartbeat
+    assert await d.ack(job.id, AckOptions(fence=job.fence, duration=1.5))
+    view = await d.introspect.show(job.id)  # type: ignore[union-attr]
+    assert (view.state, view.worker_id) == ("done", None)
+
+
+async def test_the_claim_buries_a_final_lapse_and_counts_it(
+    clocked: PostgresDriver, clock: FakeClock
+) -> None:
+    d = clocked
+    await d.enqueue_many([req("once", name="fragile", max_attempts=1)])
+    job = (await d.claim(ClaimOptions("w1", {"default": 1}, 30.0))).jobs[0]
+    leases = d.leases
+    assert leases is not None
+    assert (await leases.acquire("fragile", 1, job.id, job.fence, 30.0)).slot == 0
+    clock.advance(31.0)
+    result = await d.claim(ClaimOptions("w2", {"other-queue": 1}, 30.0))
+    assert [(e.id, e.state, e.error_code) for e in result.exhausted] == [
+        (job.id, "dead", "X_JOB_LEASE_LOST")
+    ]
+    assert "1 of 1" in result.exhausted[0].last_error
+    assert await leases.held("fragile") == 0  # released by the reaping claim
+    rows = await d.introspect.counters("fragile", 0.0)  # type: ignore[union-attr]
+    assert sum(r.dead for r in rows) == 1
+
+
+async def test_step_puts_from_many_slots_share_commits(driver: PostgresDriver) -> None:
+    d = driver
+    await d.enqueue_many([req(f"s{i}") for i in range(20)])
+    jobs = (await d.claim(ClaimOptions("w", {"default": 20}, 30.0))).jobs
+    before = d._step_writer.flushes
+    landed: list[bool] = []
+
+    async def slot(job: Any) -> None:
+        for n in range(3):
+            landed.append(
+                await d.steps.put(
+                    job.id, job.fence, StepRecord(f"step{n}", "completed", n, 1, {"n": n})
+                )
+            )
+
+    async with trio.open_nursery() as nursery:
+        for job in jobs:
+            nursery.start_soon(slot, job)
+    assert landed == [True] * 60
+    flushes = d._step_writer.flushes - before
+    assert flushes < 60 / 2, f"60 records took {flushes} commits"
+    for job in jobs:
+        assert [r.name for r in await d.steps.load(job.id)] == ["step0", "step1", "step2"]
+
+
+async def test_the_claim_carries_recorded_steps(driver: PostgresDriver) -> None:
+    d = driver
+    await d.enqueue_many([req("carry")])
+    job = (await d.claim(ClaimOptions("w", {"default": 1}, 30.0))).jobs[0]
+    assert job.steps == []
+    await d.steps.put(
+        job.id, job.fence, StepRecord("a", "completed", 1, 1, output={"z": 1, "a": 2})
+    )
+    await d.nack(job.id, NackOptions(fence=job.fence, state="ready", counted=False))
+    again = (await d.claim(ClaimOptions("w", {"default": 1}, 30.0))).jobs[0]
+    assert again.steps is not None
+    assert [(s.name, s.output) for s in again.steps] == [("a", {"z": 1, "a": 2})]
+    assert list(again.steps[0].output) == ["z", "a"]  # key order kept (json, not jsonb)
+
+
+async def test_an_enqueue_from_another_process_wakes_an_idle_waiter(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    worker = postgres_driver(pg_dsn, schema=pg_schema)
+    app = postgres_driver(pg_dsn, schema=pg_schema)
+    await worker.open()
+    await app.open()
+    try:
+        wake = worker.wake
+        assert wake is not None
+        # the first wait starts the LISTEN session; the probe proves it
+        assert not await wake.wait(["default"], 0.01)
+        with trio.fail_after(5):
+            while not wake.live:  # noqa: ASYNC110 — a bounded poll of a flag, in a test
+                await trio.sleep(0.01)
+        woke: list[bool] = []
+
+        async def waiter() -> None:
+            woke.append(await wake.wait(["default"], 5.0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.sleep(0.05)
+            started = trio.current_time()
+            await app.enqueue_many([req("wake-me")])  # another driver: only NOTIFY reaches it
+        assert woke == [True]
+        assert trio.current_time() - started < 1.0
+        # another queue's notification does not wake this waiter
+        assert not await wake.wait(["elsewhere"], 0.2)
+    finally:
+        await worker.close()
+        await app.close()
+
+
+async def test_notifications_are_throttled_per_queue(driver: PostgresDriver) -> None:
+    for i in range(5):
+        await driver.enqueue_many([req(f"t{i}")])
+    # five enqueues within 250 ms: one notification
+    assert list(driver._notified) == ["default"]
+    allowed = driver._notify_allowed(["default", "other"])
+    assert allowed == ["other"]
+
+
+async def test_payloads_keep_their_json_text(driver: PostgresDriver) -> None:
+    payload = {"z": 1, "a": {"y": [1, 2.5, None, "é"], "b": True}}
+    await driver.enqueue_many([req("json", payload=payload)])
+    job = (await driver.claim(ClaimOptions("w", {"default": 1}, 30.0))).jobs[0]
+    assert job.payload == payload
+    assert list(job.payload) == ["z", "a"]
+
+
+async def test_the_database_clock_decides(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    await driver.enqueue_many([req("clock")])
+    rows = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT created_at, extract(epoch from clock_timestamp())::float8 FROM trio_jobs_jobs",
+    )
+    created, db_now = rows[0]
+    assert isinstance(created, float)
+    assert isinstance(db_now, float)
+    assert 0 <= db_now - created < 5
+    assert abs(driver.now() - db_now) < 5
+
+
+def test_psycopg_is_real() -> None:
+    assert psycopg.pq.version() >= 140000
+    assert uuid.UUID(str(uuid.uuid4()))

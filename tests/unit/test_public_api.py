@@ -1,0 +1,153 @@
+"""The public surface: every exported name resolves, is documented, and ``__all__``
+is kept alphabetised within its groups (STYLE.md principle 7)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import trio_jobs
+import trio_jobs.testing
+
+PACKAGES = [trio_jobs, trio_jobs.testing]
+SRC = Path(trio_jobs.__file__).resolve().parent
+
+#: Exported names that may lack a docstring or ``#:`` doc comment (none today).
+UNDOCUMENTED: set[str] = set()
+
+
+def _exports() -> list[tuple[ModuleType, str]]:
+    return [(pkg, name) for pkg in PACKAGES for name in pkg.__all__]
+
+
+def _param(pkg: ModuleType, name: str) -> Any:
+    full = f"{pkg.__name__}.{name}"
+    marks = []
+    if full in UNDOCUMENTED:
+        marks.append(pytest.mark.xfail(strict=True, reason=f"BUG: {full} has no docstring"))
+    return pytest.param(pkg, name, id=full, marks=marks)
+
+
+def _is_data(obj: object) -> bool:
+    return not (inspect.isclass(obj) or callable(obj) or inspect.ismodule(obj))
+
+
+def _own_docstring(obj: object) -> str | None:
+    if inspect.isclass(obj):
+        doc = obj.__dict__.get("__doc__")  # not one inherited from a base
+    else:
+        doc = getattr(obj, "__doc__", None)
+    return doc if isinstance(doc, str) else None
+
+
+def _doc_comment(name: str) -> str | None:
+    """The ``#:`` comment above (or the string literal below) ``NAME = ...`` in src/."""
+    for path in sorted(SRC.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        lines = source.splitlines()
+        body = tree.body
+        for index, node in enumerate(body):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                continue
+            comments = []
+            line = node.lineno - 2
+            while line >= 0 and lines[line].lstrip().startswith("#:"):
+                comments.insert(0, lines[line].lstrip()[2:].strip())
+                line -= 1
+            if comments:
+                return " ".join(comments)
+            following = body[index + 1] if index + 1 < len(body) else None
+            if (
+                isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                return following.value.value
+    return None
+
+
+@pytest.mark.parametrize(("pkg", "name"), [_param(p, n) for p, n in _exports()])
+def test_every_exported_name_resolves_and_is_documented(pkg: ModuleType, name: str) -> None:
+    assert hasattr(pkg, name), f"{pkg.__name__}.__all__ names {name!r}, which does not resolve"
+    obj = getattr(pkg, name)
+    if _is_data(obj):
+        doc = _doc_comment(name)
+        assert doc, f"{name}: document the constant with a '#:' comment above it"
+    else:
+        doc = _own_docstring(obj)
+        assert doc is not None, f"{pkg.__name__}.{name} has no docstring"
+        assert doc.strip(), f"{pkg.__name__}.{name} has an empty docstring"
+
+
+def test_the_known_gaps_are_exports() -> None:
+    exported = {f"{p.__name__}.{n}" for p, n in _exports()}
+    assert sorted(UNDOCUMENTED - exported) == []
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.__name__)
+def test_the_packages_themselves_have_docstrings(pkg: ModuleType) -> None:
+    assert pkg.__doc__ is not None
+    assert pkg.__doc__.strip()
+
+
+def _group(name: str) -> int:
+    """isort's order: CONSTANTS, then Classes, then functions."""
+    if name.isupper() or (name.replace("_", "").isupper()):
+        return 0
+    if name[:1].isupper():
+        return 1
+    return 2
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.__name__)
+def test_all_is_alphabetised_within_its_groups(pkg: ModuleType) -> None:
+    names = list(pkg.__all__)
+    assert len(names) == len(set(names)), "a name is listed twice"
+    groups = [_group(n) for n in names]
+    assert groups == sorted(groups), f"{pkg.__name__}.__all__ mixes its groups: {names}"
+    for group in (0, 1, 2):
+        members = [n for n in names if _group(n) == group]
+        assert members == sorted(members), f"{pkg.__name__}.__all__ group {group}: {members}"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.__name__)
+def test_star_import_gives_exactly_all(pkg: ModuleType) -> None:
+    namespace: dict[str, Any] = {}
+    exec(f"from {pkg.__name__} import *", namespace)
+    namespace.pop("__builtins__", None)
+    assert sorted(namespace) == sorted(pkg.__all__)
+
+
+def test_private_modules_are_reexported_not_imported() -> None:
+    # what __all__ names comes from a private module or a public subpackage
+    for name in trio_jobs.__all__:
+        obj = getattr(trio_jobs, name)
+        module = getattr(obj, "__module__", None)
+        if module is None or _is_data(obj):
+            continue
+        assert module.startswith("trio_jobs"), (name, module)
+        parts = module.split(".")[1:]
+        assert (
+            not parts or parts[0].startswith("_") or parts[0] in ("drivers", "errors", "testing")
+        ), (
+            name,
+            module,
+        )
+
+
+def test_the_errors_module_is_public() -> None:
+    errors = importlib.import_module("trio_jobs.errors")
+    assert errors.JobsError is trio_jobs.JobsError
+    assert errors.ErrorCode is trio_jobs.ErrorCode
