@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import trio
 
 from trio_jobs import Concurrency, JobContext, Retry, job
 from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
@@ -33,6 +34,29 @@ async def three_steps(ctx: JobContext[Item]) -> int:
     return int(a) + int(b) + int(c)
 
 
+async def _slow(value: int) -> int:
+    await trio.sleep(5)  # virtual time: the run is in flight while workers stall
+    return value
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"slow:{i.n}",
+    retry=Retry(attempts=20, base="1s", max_delay="10s"),
+)
+async def slow_steps(ctx: JobContext[Item]) -> int:
+    a = await ctx.step.run("a", lambda: _slow(1))
+    b = await ctx.step.run("b", lambda: _slow(2))
+    return int(a) + int(b)
+
+
+def slow_done(world: World) -> None:
+    all_settled(world)
+    for view in world.jobs:
+        assert view.state == "done", f"{view.id} ended {view.state}"
+        assert view.result == 3
+
+
 @job(
     input=Item,
     idempotency_key=lambda i: f"keyed:{i.n}",
@@ -41,6 +65,30 @@ async def three_steps(ctx: JobContext[Item]) -> int:
 )
 async def keyed(ctx: JobContext[Item]) -> None:
     await ctx.step.run("work", lambda: ctx.input.n)
+
+
+@job(
+    input=Item,
+    tenant=lambda i: i.key,
+    idempotency_key=lambda i: f"tenant-job:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def per_tenant(ctx: JobContext[Item]) -> str:
+    return str(await ctx.step.run("work", lambda: ctx.tenant_id))
+
+
+TENANTS = ("org-a", "org-b", "org-c")
+TENANT_JOBS = 8
+
+
+def one_job_per_tenant_key(world: World) -> None:
+    all_settled(world)
+    seen: dict[str, int] = {}
+    for view in world.jobs:
+        assert view.tenant_id is not None
+        seen[view.tenant_id] = seen.get(view.tenant_id, 0) + 1
+        assert view.result == view.tenant_id, "a run acted for another tenant"
+    assert seen == dict.fromkeys(TENANTS, TENANT_JOBS), f"jobs per tenant: {seen}"
 
 
 COMPENSATIONS: dict[int, list[str]] = {}
@@ -157,6 +205,13 @@ SCENARIOS: dict[str, Scenario] = {
             Faults(pause=0.02, lease_loss=0.02, skew=3.0),
         ),
         Scenario(
+            "zombie-workers",
+            [slow_steps],
+            lambda: [(slow_steps, Item(i)) for i in range(20)],
+            slow_done,
+            Faults(pause=0.08, skew=2.0),
+        ),
+        Scenario(
             "transient-errors",
             [three_steps],
             lambda: [(three_steps, Item(i)) for i in range(30)],
@@ -170,6 +225,13 @@ SCENARIOS: dict[str, Scenario] = {
             one_lease_per_key,
             Faults(crash=0.01, pause=0.01),
             check="every-event",
+        ),
+        Scenario(
+            "tenants",
+            [per_tenant],
+            lambda: [(per_tenant, Item(i, key=t)) for t in TENANTS for i in range(TENANT_JOBS)],
+            one_job_per_tenant_key,
+            Faults(crash=0.01),
         ),
         Scenario(
             "compensation",

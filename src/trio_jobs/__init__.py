@@ -18,6 +18,8 @@ from ._facade import (
     publish_event,
     set_job_driver,
 )
+from ._observe import WorkerObserver
+from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._worker import Worker, WorkerStats
 from .drivers import (
@@ -38,6 +40,7 @@ from .drivers import (
     WorkerInfo,
     memory_driver,
 )
+from .drivers.redis import redis_driver
 from .errors import ErrorCode, JobsError, register_error_retry
 
 __version__ = "0.1.0.dev0"
@@ -64,7 +67,9 @@ __all__ = [
     "Jobs",
     "JobsError",
     "Outcome",
+    "PurgeResult",
     "QueueStats",
+    "Retention",
     "Retry",
     "Settled",
     "Signal",
@@ -73,6 +78,7 @@ __all__ = [
     "Transaction",
     "Worker",
     "WorkerInfo",
+    "WorkerObserver",
     "WorkerStats",
     "acting_as",
     "cross_tenant",
@@ -81,6 +87,8 @@ __all__ = [
     "memory_driver",
     "open_jobs",
     "publish_event",
+    "purge_expired",
+    "redis_driver",
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import attrs
 import trio
 
-from . import _ambient
+from . import _ambient, _planted, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
 from .drivers._protocol import Progress, StepRecord
@@ -207,6 +207,8 @@ class RunState:
         return name
 
     def refuse_past_abort(self, name: str) -> None:
+        if _planted.active("cancelled-body-writes"):
+            return
         reason = self.signal.reason
         if reason is not None and not _ambient.complete_var.get():
             raise JobAbortedError(
@@ -288,7 +290,7 @@ class Steps:
                     "compensate must be a function of the output",
                 )
         rec = s.records.get(name)
-        if rec is not None and rec.status == "completed":
+        if rec is not None and rec.status == "completed" and not _planted.active("step-rerun"):
             if compensate is not None:
                 s.compensators.append(Compensator(name, compensate, rec.output, once))
             return rec.output
@@ -314,35 +316,38 @@ class Steps:
         step_signal = Signal(parent=s.signal)
         timeout = s.handle.step_timeout
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        try:
-            with trio.CancelScope(deadline=deadline) as scope:
-                step_signal._attach(scope, deadline)
-                args = (step_signal,) if _wants_signal(fn) else ()
-                value = await _call(fn, *args)
-            if scope.cancelled_caught:
-                raise JobsError(
-                    ErrorCode.X_JOB_TIMEOUT,
-                    f"step {name!r} ran past its step_timeout of {timeout}s",
-                    meta={"step": name},
-                )
-        except (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            if s.signal.reason is None:
-                await s.put(
-                    StepRecord(
-                        name=name,
-                        status="failed",
-                        seq=seq,
-                        executions=executions,
-                        error=_describe(exc),
-                        error_code=getattr(exc, "code", None)
-                        if isinstance(exc, JobsError)
-                        else None,
+        # One child span of the attempt's span per executed step (a no-op without
+        # OpenTelemetry); a replayed step is not executed and has none.
+        with _tracing.step_span(name, executions, once):
+            try:
+                with trio.CancelScope(deadline=deadline) as scope:
+                    step_signal._attach(scope, deadline)
+                    args = (step_signal,) if _wants_signal(fn) else ()
+                    value = await _call(fn, *args)
+                if scope.cancelled_caught:
+                    raise JobsError(
+                        ErrorCode.X_JOB_TIMEOUT,
+                        f"step {name!r} ran past its step_timeout of {timeout}s",
+                        meta={"step": name},
                     )
-                )
-                await s.hit("after-record", name)
-            raise
+            except (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                if s.signal.reason is None:
+                    await s.put(
+                        StepRecord(
+                            name=name,
+                            status="failed",
+                            seq=seq,
+                            executions=executions,
+                            error=_describe(exc),
+                            error_code=getattr(exc, "code", None)
+                            if isinstance(exc, JobsError)
+                            else None,
+                        )
+                    )
+                    await s.hit("after-record", name)
+                raise
         await s.hit("after-fn", name)
         try:
             output = json_form(value)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from . import _ambient
+from . import _ambient, _tracing
 from ._declare import _MISSING, Enqueued, Job, check_job_list
 from ._serialization import payload_form
 from ._time import Duration, IdSource, UuidSource, parse_duration
@@ -492,6 +492,8 @@ async def enqueue_inputs(
         and CROSS_TENANT_PERMISSION in actor_obj.permissions
     )
 
+    # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
+    trace_context = _tracing.inject()
     requests: list[EnqueueRequest] = []
     for index, raw in enumerate(inputs):
         rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
@@ -531,6 +533,7 @@ async def enqueue_inputs(
                 run_at=run_at_s,
                 delay=delay_s,
                 actor=actor_obj.to_json() if actor_obj is not None else None,
+                trace_context=trace_context,
             )
         )
     if not requests:

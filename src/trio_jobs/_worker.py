@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import trio
 
-from . import _ambient
+from . import _ambient, _observe, _planted, _tracing
 from ._context import (
     COMPENSATE_PREFIX,
     RESERVED_STEP,
@@ -36,6 +36,7 @@ from ._context import (
 )
 from ._declare import Job
 from ._facade import Actor, Jobs
+from ._observe import WorkerObserver
 from ._retry import backoff_delay, retry_after_delay
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
@@ -90,6 +91,7 @@ class _Held:
         "handle",
         "last_landed",
         "lost",
+        "outcome",
         "pending",
         "settled",
         "state",
@@ -108,6 +110,9 @@ class _Held:
         self.handle: Job[Any, Any] | None = None
         # An abort that came before the run state existed; applied when it does.
         self.pending: tuple[ErrorCode, str] | None = None
+        # How the attempt ended (an outcome of _observe.OUTCOMES, its code): the
+        # slot stamps it on the attempt's span.
+        self.outcome: tuple[str, str | None] | None = None
 
     def abort(self, code: ErrorCode, message: str) -> None:
         if self.state is not None:
@@ -139,6 +144,18 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+#: WorkerStats counter -> the outcome an observer and a span are told.
+_OUTCOME = {
+    "done": "done",
+    "retried": "retried",
+    "dead_lettered": "dead",
+    "failed": "failed",
+    "drained": "drained",
+    "abandoned": "abandoned",
+    "leases_lost": "lease-lost",
+}
+
+
 def _log(level: int, event: str, **fields: Any) -> None:
     log.log(level, event, extra={"event": event, **fields})
 
@@ -148,7 +165,9 @@ class Worker:
 
     ``concurrency`` is the worker's slots per queue (an ``int`` gives every
     served queue that many); a job's own ``concurrency`` is the fleet-wide cap,
-    enforced on top. ``max_in_flight`` caps the whole process.
+    enforced on top. ``max_in_flight`` caps the whole process. ``observer``
+    (a :class:`WorkerObserver`, e.g. ``trio_jobs.web.PrometheusObserver()``)
+    is told when slots are taken and freed, attempts end and leases are lost.
 
     >>> async with trio.open_nursery() as nursery:
     ...     await nursery.start(worker.run)   # returns once the worker is claiming
@@ -171,6 +190,7 @@ class Worker:
         jitter: JitterSource | None = None,
         boundary: BoundaryHook | None = None,
         event_poll: Duration | None = None,
+        observer: WorkerObserver | None = None,
     ) -> None:
         if not isinstance(jobs, Jobs):
             raise JobsError(
@@ -252,6 +272,7 @@ class Worker:
             ("done", "retried", "dead_lettered", "failed", "drained", "leases_lost", "abandoned"), 0
         )
         self._started_at = 0.0
+        self._observer = _observe.guarded(observer)
 
     # ------------------------------------------------------------------ public
 
@@ -321,7 +342,7 @@ class Worker:
             for held in list(self._held.values()):
                 if not held.abandoned and not held.settled:
                     held.abandoned = True
-                    self._counts["abandoned"] += 1
+                    self._count("abandoned", held)
                     _log(
                         logging.WARNING,
                         "jobs.drain.abandoned",
@@ -374,6 +395,7 @@ class Worker:
             self._finished = trio.Event()
         self._stopping = False
         self._started_at = self.driver.now()
+        self._observer.worker_started(self.id, self.stats().capacity)
         try:
             async with trio.open_nursery() as services:
                 services.start_soon(self._heartbeat_loop)
@@ -387,6 +409,7 @@ class Worker:
                 services.cancel_scope.cancel()
         finally:
             self._finished.set()
+            self._observer.worker_stopped(self.id, self.stats().capacity)
             intro = self.driver.introspect
             if intro is not None and not until_quiet:
                 with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
@@ -444,6 +467,10 @@ class Worker:
             got = dict.fromkeys(want, 0)
             for claimed in result.jobs:
                 held = _Held(claimed, now)
+                if self._draining:
+                    # Claimed by a statement that was in flight when the drain began:
+                    # hand it straight back, uncounted.
+                    held.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining")
                 self._held[_claim_key(claimed)] = held
                 self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
                 got[claimed.queue] = got.get(claimed.queue, 0) + 1
@@ -590,7 +617,7 @@ class Worker:
                     # The body ignores its abort: stop renewing so the lease lapses
                     # and the queue redelivers the job (the attempt is counted).
                     held.abandoned = True
-                    self._counts["abandoned"] += 1
+                    self._count("abandoned", held)
                     continue
             if progress_only and not _progress_due(state, now):
                 continue
@@ -606,13 +633,17 @@ class Worker:
                 held.state.progress_written_at = now
             requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
         statuses: list[str] | None = None
+        cause, failed_code = "timeout", str(ErrorCode.X_DRIVER_UNAVAILABLE)
         # Bounded by the heartbeat interval and by the first lease window to close.
         budget = min(self.heartbeat_interval, min(self._window_close(h) for h in batch) - now)
         with trio.move_on_after(max(0.0, budget)):
             try:
                 statuses = await self.driver.heartbeat(requests, self.visibility_timeout)
-            except Exception:
+            except Exception as exc:
                 statuses = None
+                cause = type(exc).__name__
+                if isinstance(exc, JobsError):
+                    failed_code = str(exc.code)
         if statuses is None:
             for held in batch:
                 _log(
@@ -620,7 +651,9 @@ class Worker:
                     "jobs.heartbeat.failed",
                     job_id=held.claimed.id,
                     attempt=held.claimed.attempt,
+                    code=failed_code,
                     worker_id=self.id,
+                    cause=cause,
                 )
                 if trio.current_time() >= self._window_close(held):
                     self._lease_lost(held)
@@ -642,7 +675,7 @@ class Worker:
         ):
             return
         held.lost = True
-        self._counts["leases_lost"] += 1
+        self._count("leases_lost", held, ErrorCode.X_JOB_LEASE_LOST)
         _log(
             logging.ERROR,
             "jobs.lease.lost",
@@ -662,16 +695,30 @@ class Worker:
 
     async def _slot(self, held: _Held) -> None:
         _ambient.role_var.set(f"job:{held.claimed.id}")
+        claimed = held.claimed
+        self._observer.slot_taken(claimed.queue, claimed.name)
+        began = trio.current_time()
         try:
-            await self._execute(held)
+            with _tracing.attempt_span(claimed, self.id) as span:
+                try:
+                    await self._execute(held)
+                finally:
+                    # No counted ending: a sleep, a wait or a deferral handed it back.
+                    _tracing.end_attempt(span, *(held.outcome or ("handed-back", None)))
         except trio.Cancelled:
             raise
         except Exception:
             log.exception(
                 "jobs.worker.slot-failed",
-                extra={"event": "jobs.worker.slot-failed", "job_id": held.claimed.id},
+                extra={
+                    "event": "jobs.worker.slot-failed",
+                    "job_id": claimed.id,
+                    "attempt": claimed.attempt,
+                },
             )
         finally:
+            ran = trio.current_time() - began if held.state is not None else None
+            self._observer.slot_freed(claimed.queue, claimed.name, ran)
             self._held.pop(_claim_key(held.claimed), None)
             self._in_flight[held.claimed.queue] -= 1
             if self._slot_freed is not None:
@@ -808,9 +855,11 @@ class Worker:
                 ),
             )
         )
+        if landed and _planted.active("double-settle"):
+            await self._settle_write(self.driver.ack(claimed.id, AckOptions(fence=claimed.fence)))
         if landed:
             held.settled = True
-            self._counts["done"] += 1
+            self._count("done", held)
             await self._on_settled(
                 handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
             )
@@ -864,7 +913,7 @@ class Worker:
             )
             if landed:
                 held.settled = True
-                self._counts["failed"] += 1
+                self._count("failed", held, ErrorCode.X_JOB_KEY_BUSY)
                 await self._on_settled(
                     handle,
                     held,
@@ -936,7 +985,7 @@ class Worker:
                             progress=state.progress,
                         ),
                     )
-                    self._counts["drained"] += 1
+                    self._count("drained", held, ErrorCode.X_DRAINING)
             raise
         finally:
             _ambient.run_var.reset(tokens[0])
@@ -976,10 +1025,13 @@ class Worker:
             await self._nack(
                 held,
                 NackOptions(
-                    fence=claimed.fence, state="ready", counted=False, progress=state.progress
+                    fence=claimed.fence,
+                    state="ready",
+                    counted=_planted.active("drain-counts"),
+                    progress=state.progress,
                 ),
             )
-            self._counts["drained"] += 1
+            self._count("drained", held, ErrorCode.X_DRAINING)
             return True
         return False
 
@@ -994,12 +1046,35 @@ class Worker:
                 return False
         return False
 
+    def _count(
+        self,
+        key: str,
+        held: _Held | None,
+        code: str | None = None,
+        *,
+        queue: str = "",
+        name: str = "",
+    ) -> None:
+        """Count an ending in :meth:`stats`, tell the observer, and keep it on
+        ``held`` for the attempt's span."""
+        self._counts[key] += 1
+        if held is not None:
+            queue, name = held.claimed.queue, held.claimed.name
+            held.outcome = (_OUTCOME[key], code)
+        if key == "leases_lost":
+            self._observer.lease_lost(queue, name)
+        else:
+            self._observer.attempt_ended(queue, name, _OUTCOME[key])
+
     def _unowned(self, held: _Held) -> None:
+        if held.outcome is None:
+            held.outcome = ("unowned", ErrorCode.X_JOB_LEASE_LOST)
         _log(
             logging.WARNING,
             "jobs.settle.unowned",
             job_id=held.claimed.id,
             attempt=held.claimed.attempt,
+            code=ErrorCode.X_JOB_LEASE_LOST,
             worker_id=self.id,
         )
 
@@ -1069,7 +1144,7 @@ class Worker:
                     progress=state.progress if state else None,
                 ),
             ):
-                self._counts["retried"] += 1
+                self._count("retried", held, code)
             return
         if not terminal:
             message += f" — {ErrorCode.X_JOB_MAX_ATTEMPTS}: gave up after {claimed.attempt} of {attempts} attempts"
@@ -1104,10 +1179,7 @@ class Worker:
         )
         if not landed:
             return
-        if drop:
-            self._counts["failed"] += 1
-        else:
-            self._counts["dead_lettered"] += 1
+        self._count("failed" if drop else "dead_lettered", held, code)
         if handle is not None:
             outcome = Outcome.DROPPED if drop else Outcome.DEAD_LETTERED
             await self._on_settled(
@@ -1168,7 +1240,8 @@ class Worker:
                 state,
             )
             return
-        for comp in reversed(state.compensators):
+        order = state.compensators if _planted.active("compensation-reversed") else reversed(state.compensators)
+        for comp in order:
             cname = COMPENSATE_PREFIX + comp.step
             crec = state.records.get(cname)
             if crec is not None and crec.status == "completed":
@@ -1212,7 +1285,7 @@ class Worker:
                                 f"({_describe(exc)}), retrying the unwind",
                             ),
                         ):
-                            self._counts["retried"] += 1
+                            self._count("retried", held, code)
                         return
                     await self._bury(
                         held,
@@ -1247,14 +1320,18 @@ class Worker:
             logging.WARNING,
             "jobs.claim.exhausted",
             job_id=ex.id,
+            attempt=ex.attempt,
             queue=ex.queue,
             code=ex.error_code,
             worker_id=self.id,
         )
-        if ex.state == "dead":
-            self._counts["dead_lettered"] += 1
-        else:
-            self._counts["failed"] += 1
+        self._count(
+            "dead_lettered" if ex.state == "dead" else "failed",
+            None,
+            ex.error_code,
+            queue=ex.queue,
+            name=ex.name,
+        )
         handle = self.jobs.handle(ex.name)
         if handle is None:
             return
@@ -1268,13 +1345,21 @@ class Worker:
             ex.tenant_id,
             None,
             Settled(outcome, ex.id, value, None, ex.last_error, ex.error_code),
+            ex.attempt,
         )
 
     async def _on_settled(self, handle: Job[Any, Any], held: _Held, settled: Settled) -> None:
-        await self._run_hook(handle, held.claimed.tenant_id, held.claimed.actor, settled)
+        await self._run_hook(
+            handle, held.claimed.tenant_id, held.claimed.actor, settled, held.claimed.attempt
+        )
 
     async def _run_hook(
-        self, handle: Job[Any, Any], tenant_id: str | None, actor: Any, settled: Settled
+        self,
+        handle: Job[Any, Any],
+        tenant_id: str | None,
+        actor: Any,
+        settled: Settled,
+        attempt: int | None = None,
     ) -> None:
         hook = handle.on_settled
         if hook is None:
@@ -1306,6 +1391,7 @@ class Worker:
             logging.ERROR,
             "jobs.on_settled.failed",
             job_id=settled.job_id,
+            attempt=attempt,
             code=ErrorCode.X_JOB_ON_SETTLED_FAILED,
             cause=type(last).__name__ if last is not None else "timeout",
         )

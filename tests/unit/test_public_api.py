@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 import trio_jobs
+import trio_jobs.outbox
 import trio_jobs.testing
 
-PACKAGES = [trio_jobs, trio_jobs.testing]
+PACKAGES = [trio_jobs, trio_jobs.outbox, trio_jobs.testing]
 SRC = Path(trio_jobs.__file__).resolve().parent
 
 #: Exported names that may lack a docstring or ``#:`` doc comment (none today).

@@ -40,7 +40,6 @@ from trio_jobs import (
 from trio_jobs.drivers import (
     ClaimOptions,
     EnqueueRequest,
-    Fence,
     Progress,
 )
 
@@ -1371,17 +1370,21 @@ class TestOneRunPerKey:
         handle = keyed(gates, "fail")
         async with jobs_on_memory([handle]) as (jobs, driver):
             enq = await handle.enqueue(Item("a", group="acct-1"))
-            # An earlier claim of this very run still holds the slot (not yet lapsed).
+            # An earlier claim of this very run took the slot, then its worker died:
+            # the claim lapses (30 s) while the slot's own lease (60 s) lingers.
+            old = await driver.claim(ClaimOptions("old-worker", {handle.queue: 1}, 30.0))
+            [claimed] = old.jobs
             grant = await driver.leases.acquire(
-                handle.lease_key("acct-1"), 1, enq.id, Fence("old-worker", 999), 20.0
+                handle.lease_key("acct-1"), 1, enq.id, claimed.fence, 60.0
             )
             assert grant.slot == 0
+            await trio.sleep(31)
             gates.open("a")
             async with running_worker(jobs):
                 view = await wait_state(jobs, enq.id, "done", "failed")
-        assert view.state == "done"
+        assert view.state == "done"  # waited out its own leftover, never refused
         assert view.error_code is None
-        assert view.attempts == 1
+        assert view.attempts == 2  # the lapsed claim counts, as any lapse does
 
     async def test_a_key_that_throws_at_claim_takes_the_ordinary_retry_path(
         self, autojump_clock: Any

@@ -1,82 +1,191 @@
-"""``trio-jobs``: the developer's and the operator's entry point."""
+"""``trio-jobs``: the developer's and the operator's entry point.
+
+Every subcommand takes ``--json`` and ``--database-url`` anywhere after its
+name. The database is ``--database-url``, else ``$DATABASE_URL``, else the
+embedded PostgreSQL under ``./.trio-jobs/`` (started on demand); a subcommand
+that touches it migrates it first. A refusal exits 1 printing its ``X_*``
+code; a worker that abandons jobs at its drain deadline exits 3.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
-import uuid
 from typing import Any
 
 import click
-import trio
-from rich.console import Console
-from rich.table import Table
+import orjson
 
-from ..errors import JobsError
+from ._common import (
+    EXIT_ABANDONED,
+    EXIT_REFUSED,
+    common_options,
+    configure_logging,
+    duration,
+    guarded,
+    resolve_database,
+    run,
+)
 
-console = Console()
+__all__ = ["main"]
 
 
-@click.group()
-@click.version_option(package_name="trio-jobs")
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="trio-jobs", prog_name="trio-jobs")
 def main() -> None:
     """Durable background jobs and workflows on Trio."""
 
 
+def _echo_json(value: Any) -> None:
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode())
+
+
+# --------------------------------------------------------------------------- dev
+
+
 @main.command()
 @click.option("--orgs", default=3, show_default=True, help="How many example runs to enqueue.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def dev(orgs: int, as_json: bool) -> None:
-    """Run the example app (an onboarding workflow) with a worker, to completion.
+@click.option(
+    "--serve", is_flag=True, help="Keep the worker running after the example, until Ctrl-C."
+)
+@common_options
+@guarded
+def dev(orgs: int, serve: bool, as_json: bool, database_url: str | None) -> None:
+    """Run the example app against the embedded PostgreSQL, with a worker.
 
-    Uses the memory driver for now; the PostgreSQL driver's issue switches this
-    to an embedded PostgreSQL with the dashboard.
+    Zero setup: starts the embedded server under ./.trio-jobs/ (or uses
+    --database-url / $DATABASE_URL), migrates it, enqueues the example
+    onboarding workflow in one transaction, runs it to completion with a real
+    worker and prints the result table.
     """
-    try:
-        rows = trio.run(_dev, orgs)
-    except JobsError as exc:
-        console.print(f"[red]{exc.code}[/red] {exc.message}")
-        sys.exit(1)
+    from ._dev import _print_rows, run_example
+
+    configure_logging(as_json, logging.WARNING)
+    out = run(run_example, orgs, serve, database_url, as_json=as_json)
+    rows = out["rows"]
     if as_json:
-        import orjson
+        _echo_json(out)
+    elif not serve:
+        _print_rows(rows)
+        click.echo(f"effects: {out['effects']}   database: {out['database']}")
+    unfinished = [r for r in rows if r["state"] != "done"]
+    if unfinished and not serve:
+        states = ", ".join(sorted({r["state"] for r in unfinished}))
+        if out["interrupted"]:
+            code, why = "X_DRAINING", "interrupted, the worker drained"
+        elif any(r["state"] in ("dead", "failed") for r in unfinished):
+            code, why = "X_JOB_MAX_ATTEMPTS", "failed for good"
+        else:
+            code, why = "X_JOB_TIMEOUT", "not done within a minute"
+        click.echo(
+            f"{code}: {len(unfinished)} example run(s) did not complete ({why}; states: "
+            f"{states}); live ones stay queued, and `trio-jobs worker "
+            "trio_jobs.examples.onboarding` runs them",
+            err=True,
+        )
+        sys.exit(EXIT_REFUSED)
 
-        click.echo(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
-        return
-    table = Table(title="trio-jobs dev: examples.onboard_org")
-    for col in ("job", "state", "attempts", "steps (executions)"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(row["id"][:8], row["state"], str(row["attempts"]), row["steps"])
-    console.print(table)
-    from ..examples import onboarding
 
-    console.print(f"effects: {onboarding.effects}")
+# --------------------------------------------------------------------------- migrate
 
 
-async def _dev(orgs: int) -> list[dict[str, Any]]:
-    from .. import Worker, memory_driver, open_jobs
-    from ..examples import onboarding
+@main.command()
+@common_options
+@guarded
+def migrate(as_json: bool, database_url: str | None) -> None:
+    """Create or upgrade the schema; idempotent (safe to run on every deploy)."""
+    from ..drivers.postgres import SCHEMA_VERSION
+    from ..drivers.postgres import migrate as apply
 
-    async with open_jobs(memory_driver(), jobs=onboarding.jobs) as jobs:
-        ids = []
-        for _ in range(orgs):
-            org = uuid.uuid4()
-            enq = await onboarding.onboard_org.enqueue(
-                onboarding.Onboard(org_id=org, email=f"owner@{org.hex[:8]}.example")
-            )
-            ids.append(enq.id)
-        worker = Worker(jobs, poll_interval="50ms", idle_poll_max="200ms")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.move_on_after(30):
-                while True:
-                    views = [await jobs.show(i) for i in ids]
-                    if all(v.state in ("done", "dead", "failed") for v in views):
-                        break
-                    await trio.sleep(0.05)
-            await worker.drain()
-        out = []
-        for i in ids:
-            v = await jobs.show(i)
-            steps = ", ".join(f"{s.name}({s.executions})" for s in v.steps)
-            out.append({"id": v.id, "state": v.state, "attempts": v.attempts, "steps": steps, "result": v.result})
-        return out
+    async def go() -> tuple[list[int], str]:
+        db = await resolve_database(database_url)
+        return await apply(db.dsn), db.source
+
+    applied, source = run(go, as_json=as_json)
+    if as_json:
+        _echo_json({"ok": True, "applied": applied, "version": SCHEMA_VERSION, "database": source})
+    elif applied:
+        click.echo(
+            f"migrated to version {SCHEMA_VERSION} (applied {', '.join(map(str, applied))}); "
+            f"database: {source}"
+        )
+    else:
+        click.echo(f"up to date at version {SCHEMA_VERSION}; database: {source}")
+
+
+# --------------------------------------------------------------------------- worker
+
+
+@main.command()
+@click.argument("target", metavar="MODULE[:ATTR]")
+@click.option(
+    "--queues",
+    default=None,
+    help="Comma-separated queues to serve. Default: every queue the jobs declare "
+    "(or the queues --concurrency names).",
+)
+@click.option(
+    "--concurrency",
+    default="8",
+    show_default=True,
+    help="Slots per queue: N for every queue, or q1=N,q2=M.",
+)
+@click.option("--max-in-flight", type=int, default=None, help="Cap on the whole process.")
+@click.option("--visibility-timeout", default="30s", show_default=True, help="The claim's lease.")
+@click.option(
+    "--drain-timeout",
+    default="30s",
+    show_default=True,
+    help="How long SIGTERM waits for held jobs to unwind before abandoning them.",
+)
+@click.option("--poll-interval", default="250ms", show_default=True, help="Poll while busy.")
+@click.option(
+    "--idle-poll-max",
+    default=None,
+    help="Idle poll ceiling. Default: 2s, or 5s once the wake is proven.",
+)
+@click.option(
+    "--purge/--no-purge",
+    default=True,
+    show_default=True,
+    help="Run the hourly retention purge (done rows after 14 d, dead after 90 d).",
+)
+@common_options
+@guarded
+def worker(
+    target: str,
+    queues: str | None,
+    concurrency: str,
+    max_in_flight: int | None,
+    visibility_timeout: str,
+    drain_timeout: str,
+    poll_interval: str,
+    idle_poll_max: str | None,
+    purge: bool,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Run a worker for the jobs of MODULE (every job at its top level), or of
+    the list MODULE:ATTR. SIGTERM drains it (exit 0 once drained); a second
+    SIGTERM, or the drain deadline, abandons the held jobs (exit 3)."""
+    from ._worker import WorkerOptions, check_settings, parse_concurrency, serve
+
+    configure_logging(as_json)
+    opts = WorkerOptions(
+        target=target,
+        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        concurrency=parse_concurrency(concurrency),
+        max_in_flight=max_in_flight,
+        visibility_timeout=duration(visibility_timeout),
+        drain_timeout=duration(drain_timeout),
+        poll_interval=duration(poll_interval),
+        idle_poll_max=duration(idle_poll_max),
+        purge=purge,
+        database_url=database_url,
+    )
+    check_settings(opts)
+    summary = run(serve, opts, as_json=as_json)
+    if as_json:
+        _echo_json({"ok": summary["outcome"] == "drained", **summary})
+    if summary["outcome"] != "drained":
+        sys.exit(EXIT_ABANDONED)

@@ -193,6 +193,8 @@ class Exhausted:
     state: Literal["dead", "failed"]
     error_code: str | None
     last_error: str
+    #: The attempt whose lease lapsed (the row's final one), when the driver reports it.
+    attempt: int | None = None
 
 
 @attrs.frozen
@@ -504,6 +506,11 @@ class JobIntrospection(Protocol):
     async def remove_worker(self, worker_id: str) -> None: ...
     async def workers(self) -> builtins.list[WorkerInfo]: ...
     async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]: ...
+    async def purge(self, done_before: float, dead_before: float, limit: int) -> int:
+        """Retention: delete up to ``limit`` terminal rows and their steps, ``done``
+        rows settled before ``done_before``, ``dead``/``failed``/``cancelled`` ones
+        before ``dead_before``; answers how many went. A live row never goes."""
+        ...
 
 
 # --------------------------------------------------------------------------- the driver

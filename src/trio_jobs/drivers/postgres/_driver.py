@@ -492,6 +492,7 @@ class PostgresDriver:
                         state=r[20],
                         error_code=r[21],
                         last_error=r[22],
+                        attempt=int(r[9]) if r[9] is not None else None,
                     )
                 )
         return ClaimResult(jobs=jobs, exhausted=exhausted)
@@ -1163,6 +1164,17 @@ class _PgIntrospection:
             )
             for r in rows
         ]
+
+    async def purge(self, done_before: float, dead_before: float, limit: int) -> int:
+        rows = await self._d._fetch(
+            "purge_jobs",
+            {
+                "done_before": float(done_before),
+                "dead_before": float(dead_before),
+                "limit": int(limit),
+            },
+        )
+        return int(rows[0][0])
 
     async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
         rows = await self._d._fetch("counters", {"name": name, "since": float(since)})

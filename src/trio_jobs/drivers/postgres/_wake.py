@@ -123,7 +123,10 @@ class PgWake:
             try:
                 conn = await connect(self._conninfo())
             except Exception:
-                logger.warning("jobs.wake.reconnect", extra={"retry_in": backoff})
+                logger.warning(
+                    "jobs.wake.reconnect",
+                    extra={"event": "jobs.wake.reconnect", "retry_in": backoff},
+                )
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -132,7 +135,7 @@ class PgWake:
             try:
                 await self._listen(conn)
             except (psycopg.Error, OSError):
-                logger.warning("jobs.wake.lost")
+                logger.warning("jobs.wake.lost", extra={"event": "jobs.wake.lost"})
             finally:
                 with trio.CancelScope(shield=True):
                     await conn.close()
@@ -171,7 +174,9 @@ class PgWake:
         with trio.move_on_after(PROBE_TIMEOUT):
             await self._probe_back.wait()
             if not self.live:
-                logger.info("jobs.wake.live", extra={"channel": self.channel})
+                logger.info(
+                    "jobs.wake.live", extra={"event": "jobs.wake.live", "channel": self.channel}
+                )
             self.live = True
             return
         self.live = False
@@ -180,6 +185,7 @@ class PgWake:
             logger.warning(
                 "jobs.wake.unverified",
                 extra={
+                    "event": "jobs.wake.unverified",
                     "channel": self.channel,
                     "hint": "a probe sent through the pool never came back on the LISTEN "
                     "session (PgBouncer in transaction mode?); the worker keeps its 2 s "

@@ -7,6 +7,12 @@
 -- tried: a free slot with no `taken` lost a race and is worth asking again.
 -- `holders`/`own`: how many live holders block, and whether all are this job.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+-- Fenced like every write: only the claim that holds the row's lease takes a slot.
+owner AS (
+    SELECT 1 FROM trio_jobs_jobs j, n
+    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.worker_id = %(worker_id)s
+      AND j.claim = %(claim)s AND j.lease_expires_at > n.now
+),
 cur AS (
     SELECT s.slot, s.job_id, s.worker_id, s.claim, s.expires_at > n.now AS live
     FROM trio_jobs_leases s, n
@@ -15,6 +21,7 @@ cur AS (
 mine AS (
     SELECT min(slot) AS slot FROM cur
     WHERE live AND job_id = %(job_id)s AND worker_id = %(worker_id)s AND claim = %(claim)s
+      AND EXISTS (SELECT 1 FROM owner)
 ),
 free AS (
     SELECT g.slot FROM generate_series(0, %(limit)s - 1) AS g(slot)
@@ -25,14 +32,15 @@ taken AS (
     INSERT INTO trio_jobs_leases AS s (lease_key, slot, job_id, worker_id, claim, expires_at)
     SELECT %(key)s, free.slot, %(job_id)s, %(worker_id)s, %(claim)s, n.now + %(ttl)s
     FROM free, n
-    WHERE (SELECT slot FROM mine) IS NULL
+    WHERE (SELECT slot FROM mine) IS NULL AND EXISTS (SELECT 1 FROM owner)
     ON CONFLICT (lease_key, slot) DO UPDATE SET
         job_id = excluded.job_id, worker_id = excluded.worker_id, claim = excluded.claim,
         expires_at = excluded.expires_at
         WHERE s.expires_at <= (SELECT now FROM n)
     RETURNING s.slot
 )
-SELECT (SELECT slot FROM mine), (SELECT slot FROM taken), (SELECT slot FROM free),
+SELECT (SELECT slot FROM mine), (SELECT slot FROM taken),
+    CASE WHEN EXISTS (SELECT 1 FROM owner) THEN (SELECT slot FROM free) END,
     (SELECT count(*) FROM cur WHERE live),
     (SELECT coalesce(bool_and(job_id = %(job_id)s), false) FROM cur WHERE live);
 

@@ -37,7 +37,7 @@ pick AS (
       AND (o.lease_until IS NULL OR o.lease_until <= (SELECT now FROM n))
     ORDER BY o.seq
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE trio_jobs_outbox o SET lease_until = n.now + %(lease)s, attempts = o.attempts + 1
 FROM pick p, n

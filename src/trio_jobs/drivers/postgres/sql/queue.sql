@@ -147,7 +147,7 @@ buried AS (
     FROM lapsed l, n
     WHERE j.id = l.id AND l.final
     RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.state, j.error_code,
-        j.last_error, n.now
+        j.last_error, n.now, j.attempts
 ),
 freed AS (
     DELETE FROM trio_jobs_leases s USING lapsed l WHERE s.job_id = l.id
@@ -172,7 +172,7 @@ SELECT 'job' AS kind, c.id, c.run_id, c.name, c.queue, c.payload, c.tenant_id,
 FROM claimed c
 UNION ALL
 SELECT 'exhausted', b.id, b.run_id, b.name, b.queue, b.payload, b.tenant_id,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, b.attempts, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     b.state, b.error_code, b.last_error, NULL, NULL, NULL
 FROM buried b
 ORDER BY 1 DESC, 24, 25;

@@ -1,4 +1,4 @@
--- The trio-jobs schema as of migration 0001: what replaying every migration gives.
+-- The trio-jobs schema as of migration 0002: what replaying every migration gives.
 --
 -- Times are float8 seconds since the Unix epoch, decided by the database's clock
 -- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
@@ -70,6 +70,11 @@ CREATE INDEX trio_jobs_jobs_waiting_idx
 
 -- Listing, newest first (keyset on (created_at, id)).
 CREATE INDEX trio_jobs_jobs_created_idx ON trio_jobs_jobs (created_at, id);
+
+-- Retention: terminal rows by when they settled (the hourly purge).
+CREATE INDEX trio_jobs_jobs_settled_idx
+    ON trio_jobs_jobs (updated_at)
+    WHERE state IN ('done', 'failed', 'dead', 'cancelled');
 
 CREATE TABLE trio_jobs_steps (
     -- no foreign key: a step write is fenced on its job row already, and the

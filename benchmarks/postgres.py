@@ -1,0 +1,1112 @@
+"""PostgreSQL benchmarks: trio-jobs beside procrastinate and graphile-worker.
+
+    python -m benchmarks postgres [--dsn DSN] [--runs 3] [--only PART ...] [--profile]
+
+Everything runs in one invocation against one server (``--dsn``, else
+``$DATABASE_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``), so the
+figures share the machine's state; the runs of the three systems are
+interleaved round by round, so a noisy neighbour slows all of them alike. Every
+part works in its own fresh database (``tjbench_<part>_<pid>``), each run in a
+fresh schema of it, and drops them at the end.
+
+Parts (``--only``), issue 3 item 10:
+
+``throughput``
+    End-to-end no-op jobs in one worker process: 20,000 jobs enqueued with
+    ``enqueue_many`` (not timed), the table ANALYZEd (as autovacuum would after a
+    bulk insert; every system gets the same), then one worker timed from its
+    start until the last job is settled. trio-jobs over a concurrency sweep;
+    procrastinate (pip) and graphile-worker (npm) likewise, each at its own
+    settings (graphile-worker also with its documented batching).
+``steps``
+    trio-jobs jobs of three ``step.run`` each; procrastinate's nearest natural
+    shape, a chain of three tasks each deferring the next.
+``enqueue``
+    A sequential loop of single ``enqueue`` calls beside ``pgbench`` inserting
+    one row per transaction into a copy of the jobs table (1 client, prepared),
+    in alternating 2 s slices (the ratio is the median of the slices' pairs);
+    and ``enqueue_many`` of 1,000 for all three systems.
+``pickup``
+    An idle trio-jobs worker; another process enqueues one job at a time, 300 ms
+    apart; latency is the enqueue's commit to the body's start.
+``idle``
+    Statements an idle trio-jobs worker issues, counted at the driver's bridge
+    (every statement and every BEGIN/COMMIT), over a shortened window scaled to
+    a minute (pg_stat_statements is not preloaded on the benchmark server).
+
+procrastinate and graphile-worker are installed by this script only, under
+``benchmarks/.work/`` (a venv, an npm prefix): never dependencies of trio-jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import json
+import os
+import platform
+import pstats
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from trio_jobs import JobContext, Worker, job, open_jobs
+from trio_jobs.drivers.postgres import postgres_driver
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / ".work"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+#: Peers, pinned so a rerun measures the same code (override with the env vars).
+PROCRASTINATE_SPEC = os.environ.get("BENCH_PROCRASTINATE", "procrastinate==3.10.0")
+GRAPHILE_SPEC = os.environ.get("BENCH_GRAPHILE", "graphile-worker@0.17.3")
+
+NOOP_JOBS = 20_000
+STEP_JOBS = 10_000
+#: procrastinate settles a few hundred jobs a second here: 20,000 would take
+#: ~45 s a run, so its runs are shorter (its rate does not depend on N once the
+#: table is analyzed: 504/s at 4,000 against 468/s at 20,000, measured).
+PROCRASTINATE_JOBS = 4_000
+PROCRASTINATE_CHAINS = 1_000
+ENQUEUE_BATCH = 10_000
+
+TJ_CONCURRENCY = (256, 512, 1024)
+TJ_STEP_CONCURRENCY = (256, 512)
+PROCRASTINATE_CONCURRENCY = (8, 32)
+#: (concurrency, batched): graphile-worker's defaults, then its batching
+#: (localQueue.size = concurrency, completeJobBatchDelay = 0).
+GRAPHILE_CONFIGS = ((8, False), (32, False), (32, True), (64, True))
+
+SINGLE_ENQUEUE_SECONDS = 2.0
+SINGLE_ENQUEUE_SLICES = 2
+PICKUP_SAMPLES = 60
+PICKUP_INTERVAL = 0.3
+IDLE_WARMUP = 10.0
+IDLE_WINDOW = 30.0
+
+PARTS = ("throughput", "steps", "enqueue", "pickup", "idle")
+
+
+# --------------------------------------------------------------------------- the jobs
+
+
+@job(input=int, idempotency_key=lambda i: f"noop:{i}", name="bench.pg.noop")
+async def pg_noop(ctx: JobContext[int]) -> None:
+    """Does nothing: the cost of the queue and the worker alone."""
+    return None
+
+
+def _const(value: int) -> Callable[[], int]:
+    return lambda: value
+
+
+STEP_NAMES = ("step-0", "step-1", "step-2")
+
+
+@job(input=int, idempotency_key=lambda i: f"steps3:{i}", name="bench.pg.steps3")
+async def pg_steps3(ctx: JobContext[int]) -> None:
+    """Three memoized steps: three durable step records, group-committed."""
+    for k, name in enumerate(STEP_NAMES):
+        await ctx.step.run(name, _const(k))
+
+
+_pickup_started: dict[int, float] = {}
+
+
+@job(input=int, idempotency_key=lambda i: f"pickup:{i}", name="bench.pg.pickup")
+async def pg_pickup(ctx: JobContext[int]) -> None:
+    """Notes when its body started (the pickup-latency benchmark)."""
+    _pickup_started[ctx.input] = time.perf_counter()
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Server:
+    """Fresh databases and schemas on the benchmark's server, dropped afterwards."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.params = conninfo_to_dict(dsn)
+
+    def dsn_for(self, dbname: str, schema: str | None = None) -> str:
+        params = dict(self.params)
+        params["dbname"] = dbname
+        if schema is not None:
+            options = str(params.get("options") or "")
+            params["options"] = f"{options} -c search_path={schema}".strip()
+        return make_conninfo("", **params)
+
+    def uri_for(self, dbname: str) -> str:
+        """A ``postgresql://`` URI (node's pg takes no libpq key=value string)."""
+        from urllib.parse import quote
+
+        p = self.params
+        auth = quote(str(p.get("user") or ""), safe="")
+        if p.get("password"):
+            auth += ":" + quote(str(p["password"]), safe="")
+        host = str(p.get("host") or "localhost")
+        port = f":{p['port']}" if p.get("port") else ""
+        return f"postgresql://{auth + '@' if auth else ''}{host}{port}/{quote(dbname, safe='')}"
+
+    def admin(self, dbname: str | None = None) -> psycopg.Connection[Any]:
+        target = self.dsn if dbname is None else self.dsn_for(dbname)
+        return psycopg.connect(target, autocommit=True)
+
+    @contextlib.contextmanager
+    def database(self, part: str) -> Iterator[str]:
+        name = f"tjbench_{part}_{os.getpid()}"
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield name
+        finally:
+            with self.admin() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    @contextlib.contextmanager
+    def schema(self, dbname: str, prefix: str = "run") -> Iterator[str]:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with self.admin(dbname) as conn:
+            conn.execute(f'CREATE SCHEMA "{name}"')
+        try:
+            yield name
+        finally:
+            with self.admin(dbname) as conn:
+                conn.execute("SET client_min_messages = warning")
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+    def execute(self, dbname: str, sql: str) -> list[tuple[Any, ...]]:
+        with self.admin(dbname) as conn:
+            cur = conn.execute(sql)
+            return cur.fetchall() if cur.description else []
+
+    def describe(self) -> str:
+        with self.admin() as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            rows = conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('fsync', 'synchronous_commit', 'wal_sync_method', 'shared_buffers', "
+                "'max_connections') ORDER BY name"
+            ).fetchall()
+        settings = ", ".join(f"{k}={v}" for k, v in rows)
+        host = self.params.get("host", "local socket")
+        return f"PostgreSQL {version[0] if version else '?'} on {host} ({settings})"
+
+
+# --------------------------------------------------------------------------- results
+
+
+@attrs.frozen
+class Sample:
+    """One system, one configuration: its runs' figures."""
+
+    system: str
+    measure: str
+    config: str
+    unit: str
+    values: Sequence[float]
+    higher_is_better: bool = True
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+def _best(samples: Sequence[Sample]) -> Sample | None:
+    if not samples:
+        return None
+    if samples[0].higher_is_better:
+        return max(samples, key=lambda s: s.median)
+    return min(samples, key=lambda s: s.median)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit in ("ms", "x"):
+        return f"{value:,.2f}"
+    return f"{value:,.0f}"
+
+
+# --------------------------------------------------------------------------- trio-jobs
+
+
+class _Settles:
+    """Counts landed acks on one driver instance; notes when the N-th landed."""
+
+    def __init__(self, driver: Any, target: int) -> None:
+        self.target = target
+        self.acked = 0
+        self.done = trio.Event()
+        self.finished_at = 0.0
+        inner = driver.ack
+
+        async def ack(job_id: str, options: Any) -> bool:
+            landed: bool = await inner(job_id, options)
+            if landed:
+                self.acked += 1
+                if self.acked == self.target:
+                    self.finished_at = time.perf_counter()
+                    self.done.set()
+            return landed
+
+        driver.ack = ack
+
+
+async def _enqueue_all(handle: Any, n: int) -> None:
+    for start in range(0, n, ENQUEUE_BATCH):
+        await handle.enqueue_many(range(start, min(n, start + ENQUEUE_BATCH)))
+
+
+async def _tj_throughput_once(
+    server: Server, dbname: str, schema: str, handle: Any, n: int, concurrency: int
+) -> float:
+    driver = postgres_driver(server.dsn_for(dbname), schema=schema)
+    async with open_jobs(driver, jobs=[handle]) as jobs:
+        await _enqueue_all(handle, n)
+        await driver.db.fetch("ANALYZE trio_jobs_jobs")
+        settles = _Settles(driver, n)
+        worker = Worker(jobs, concurrency=concurrency)
+        gc.collect()
+        async with trio.open_nursery() as nursery:
+            started = time.perf_counter()
+            await nursery.start(worker.run)
+            with trio.fail_after(600):
+                await settles.done.wait()
+            elapsed = settles.finished_at - started
+            await worker.drain()
+        done = sum(s.done for s in await jobs.stats())
+        if done != n:
+            raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
+    return n / elapsed
+
+
+def tj_throughput(
+    server: Server, dbname: str, handle: Any, n: int, concurrency: int, *, profile: bool = False
+) -> float:
+    with server.schema(dbname, "tj") as schema:
+        if not profile:
+            return trio.run(_tj_throughput_once, server, dbname, schema, handle, n, concurrency)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            return trio.run(_tj_throughput_once, server, dbname, schema, handle, n, concurrency)
+        finally:
+            profiler.disable()
+            _print_profile(profiler, f"{handle.name}, {n:,} jobs, concurrency {concurrency}")
+
+
+async def _tj_migrate(dsn: str, schema: str) -> None:
+    async with open_jobs(postgres_driver(dsn, schema=schema)):
+        pass
+
+
+async def _tj_single_enqueue_once(dsn: str, schema: str, seconds: float) -> float:
+    async with open_jobs(postgres_driver(dsn, schema=schema), jobs=[pg_noop]):
+        for i in range(20):  # warm the pool and psycopg's prepared statement
+            await pg_noop.enqueue(-1 - i)
+        count = 0
+        started = time.perf_counter()
+        deadline = started + seconds
+        while time.perf_counter() < deadline:
+            await pg_noop.enqueue(count)
+            count += 1
+        return count / (time.perf_counter() - started)
+
+
+async def _tj_enqueue_many_once(dsn: str, schema: str, samples: int) -> list[float]:
+    out: list[float] = []
+    async with open_jobs(postgres_driver(dsn, schema=schema), jobs=[pg_noop]):
+        for k in range(samples + 3):
+            inputs = range(k * 1000, (k + 1) * 1000)
+            started = time.perf_counter()
+            await pg_noop.enqueue_many(inputs)
+            out.append((time.perf_counter() - started) * 1000.0)
+    return out[3:]
+
+
+async def _tj_pickup_once(dsn: str, schema: str, samples: int, interval: float) -> list[float]:
+    _pickup_started.clear()
+    driver = postgres_driver(dsn, schema=schema)
+    async with open_jobs(driver, jobs=[pg_pickup]) as jobs:
+        worker = Worker(jobs, concurrency=8)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            wake = driver.wake
+            with trio.fail_after(10):
+                while wake is None or not wake.live:  # noqa: ASYNC110 — the probe's round trip
+                    await trio.sleep(0.01)
+            proc = await trio.run_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks._pg_enqueuer",
+                    dsn,
+                    schema,
+                    str(samples),
+                    str(interval),
+                ],
+                capture_stdout=True,
+                cwd=str(HERE.parent),
+            )
+            committed = {
+                int(i): float(t)
+                for i, t in (line.split() for line in proc.stdout.decode().split("\n") if line)
+            }
+            with trio.fail_after(10):
+                while len(_pickup_started) < samples:  # noqa: ASYNC110 — the last body
+                    await trio.sleep(0.01)
+            await worker.drain()
+    return [(_pickup_started[i] - committed[i]) * 1000.0 for i in sorted(committed)]
+
+
+class _StatementCounter:
+    """Counts what crosses the bridge: every statement (``_run``) and every
+    connection-level ``execute`` (BEGIN, COMMIT, LISTEN)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.active = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from trio_jobs.drivers.postgres import _bridge
+
+        run, conn_execute = _bridge._run, _bridge.TrioConnection.execute
+
+        async def counted_run(conn: Any, sql: str, params: Any) -> Any:
+            if self.active:
+                self.statements += 1
+            return await run(conn, sql, params)
+
+        async def counted_execute(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.active:
+                self.statements += 1
+            return await conn_execute(conn, *args, **kwargs)
+
+        _bridge._run = counted_run  # type: ignore[assignment]
+        _bridge.TrioConnection.execute = counted_execute  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            _bridge._run = run  # type: ignore[assignment]
+            _bridge.TrioConnection.execute = conn_execute  # type: ignore[method-assign]
+
+
+async def _tj_idle_once(
+    server: Server, dbname: str, schema: str, warmup: float, window: float
+) -> tuple[float, float, float]:
+    """Answers (statements, claims, registry writes), each per minute.
+
+    (The server's own counter, ``pg_stat_database.xact_commit``, is no check here:
+    it counts autovacuum's transactions and publishes a backend's counts up to
+    10 s late.)"""
+    counter = _StatementCounter()
+    claims = 0
+    registry = 0
+    with counter.installed():
+        driver = postgres_driver(server.dsn_for(dbname), schema=schema)
+        async with open_jobs(driver, jobs=[pg_noop]) as jobs:
+            inner_claim = driver.claim
+
+            async def claim(options: Any) -> Any:
+                nonlocal claims
+                if counter.active:
+                    claims += 1
+                return await inner_claim(options)
+
+            driver.claim = claim  # type: ignore[method-assign]
+            intro = driver.introspect
+            assert intro is not None
+            inner_record = intro.record_worker
+
+            async def record_worker(info: Any, ttl: float) -> None:
+                nonlocal registry
+                if counter.active:
+                    registry += 1
+                await inner_record(info, ttl)
+
+            intro.record_worker = record_worker  # type: ignore[method-assign]
+            worker = Worker(jobs)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await trio.sleep(warmup)  # the poll backs off to its ceiling
+                counter.active = True
+                await trio.sleep(window)
+                counter.active = False
+                await worker.drain()
+    scale = 60.0 / window
+    return counter.statements * scale, claims * scale, registry * scale
+
+
+# --------------------------------------------------------------------------- pgbench
+
+
+PGBENCH_SCRIPT = """\
+INSERT INTO pgbench_jobs (id, run_id, name, queue, payload, idempotency_key, max_attempts,
+    state, run_at, created_at, updated_at)
+VALUES (gen_random_uuid(), gen_random_uuid(), 'bench.pg.noop', 'default', '1',
+    gen_random_uuid()::text, 3, 'ready', extract(epoch FROM clock_timestamp()),
+    extract(epoch FROM clock_timestamp()), extract(epoch FROM clock_timestamp()));
+"""
+
+
+def pgbench_version() -> str:
+    exe = shutil.which("pgbench")
+    if exe is None:
+        return "missing"
+    return subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+def pgbench_insert(server: Server, dbname: str, schema: str, seconds: float) -> float:
+    """pgbench, 1 client, prepared protocol: one single-row INSERT per transaction
+    into ``pgbench_jobs``, a copy of trio-jobs' jobs table with all its indexes."""
+    exe = shutil.which("pgbench")
+    if exe is None:
+        raise RuntimeError("pgbench is missing: apt-get install postgresql-client")
+    script = WORK / "pgbench_insert.sql"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(PGBENCH_SCRIPT)
+    p = server.params
+    env = dict(os.environ, PGOPTIONS=f"-c search_path={schema}")
+    if p.get("password"):
+        env["PGPASSWORD"] = str(p["password"])
+    cmd = [exe, "-n", "-c", "1", "-M", "prepared", "-T", str(int(seconds)), "-f", str(script)]
+    for flag, key in (("-h", "host"), ("-p", "port"), ("-U", "user")):
+        if p.get(key):
+            cmd += [flag, str(p[key])]
+    cmd.append(dbname)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    match = re.search(r"tps = ([0-9.]+)", out)
+    if match is None:
+        raise RuntimeError(f"could not read pgbench's tps from: {out}")
+    return float(match.group(1))
+
+
+# --------------------------------------------------------------------------- the peers
+
+
+def _run_json(
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 300
+) -> Any:
+    proc = subprocess.run(
+        list(cmd), capture_output=True, text=True, env=env, timeout=timeout, cwd=str(HERE)
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(
+            f"{cmd[0]} printed no result: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+class Procrastinate:
+    """procrastinate in its own venv under ``benchmarks/.work/``."""
+
+    def __init__(self) -> None:
+        self.venv = WORK / "procrastinate-venv"
+        self.python = self.venv / "bin" / "python"
+        self.version = "?"
+
+    def install(self) -> None:
+        marker = self.venv / ".installed"
+        if not (marker.exists() and marker.read_text() == PROCRASTINATE_SPEC):
+            print(f"installing {PROCRASTINATE_SPEC} into {self.venv} ...", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(self.venv)], check=True)
+            subprocess.run(
+                [str(self.python), "-m", "pip", "install", "-q", PROCRASTINATE_SPEC], check=True
+            )
+            marker.write_text(PROCRASTINATE_SPEC)
+        self.version = subprocess.run(
+            [
+                str(self.python),
+                "-c",
+                "import importlib.metadata as m; print(m.version('procrastinate'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    def run(self, server: Server, dbname: str, schema: str, **spec: Any) -> Any:
+        spec = {"dsn": server.dsn_for(dbname), "schema": schema, **spec}
+        return _run_json([str(self.python), str(HERE / "_peer_procrastinate.py"), json.dumps(spec)])
+
+
+class Graphile:
+    """graphile-worker in an npm prefix under ``benchmarks/.work/``."""
+
+    def __init__(self) -> None:
+        self.prefix = WORK / "graphile"
+        self.version = "?"
+
+    def install(self) -> None:
+        marker = self.prefix / ".installed"
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            raise RuntimeError("node and npm are needed for the graphile-worker benchmark")
+        if not (marker.exists() and marker.read_text() == GRAPHILE_SPEC):
+            print(f"installing {GRAPHILE_SPEC} into {self.prefix} ...", file=sys.stderr)
+            self.prefix.mkdir(parents=True, exist_ok=True)
+            (self.prefix / "package.json").write_text('{"private": true}\n')
+            subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--silent", GRAPHILE_SPEC],
+                cwd=self.prefix,
+                check=True,
+            )
+            marker.write_text(GRAPHILE_SPEC)
+        package = self.prefix / "node_modules" / "graphile-worker" / "package.json"
+        self.version = json.loads(package.read_text())["version"]
+
+    def run(self, server: Server, dbname: str, schema: str, **spec: Any) -> Any:
+        spec = {"dsn": server.uri_for(dbname), "schema": schema, **spec}
+        env = dict(os.environ, NODE_PATH=str(self.prefix / "node_modules"))
+        env.pop("GRAPHILE_LOGGER_DEBUG", None)
+        node = shutil.which("node") or "node"
+        return _run_json([node, str(HERE / "_peer_graphile.cjs"), json.dumps(spec)], env=env)
+
+
+def node_version() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "missing"
+    return subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+class Bench:
+    def __init__(self, server: Server, runs: int, systems: set[str]) -> None:
+        self.server = server
+        self.runs = runs
+        self.systems = systems
+        self.samples: list[Sample] = []
+        self.procrastinate = Procrastinate()
+        self.graphile = Graphile()
+
+    def log(self, text: str) -> None:
+        print(f"  {text}", file=sys.stderr, flush=True)
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        vals = ", ".join(_fmt(v, sample.unit) for v in sample.values)
+        self.log(f"{sample.system} {sample.measure} [{sample.config}]: {vals} {sample.unit}")
+
+    # -- throughput
+
+    def throughput(self) -> None:
+        tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        gw: dict[tuple[int, bool], list[float]] = {c: [] for c in GRAPHILE_CONFIGS}
+        pq: dict[int, list[float]] = {c: [] for c in PROCRASTINATE_CONCURRENCY}
+        with self.server.database("noop") as db:
+            for r in range(self.runs):
+                self.log(f"no-op round {r + 1}/{self.runs}")
+                if "trio-jobs" in self.systems:
+                    for c in TJ_CONCURRENCY:
+                        tj[c].append(tj_throughput(self.server, db, pg_noop, NOOP_JOBS, c))
+                        self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                if "graphile-worker" in self.systems:
+                    for conc, batched in GRAPHILE_CONFIGS:
+                        with self.server.schema(db, "gw") as schema:
+                            out = self.graphile.run(
+                                self.server,
+                                db,
+                                schema,
+                                workload="noop",
+                                jobs=NOOP_JOBS,
+                                concurrency=conc,
+                                batched=batched,
+                            )
+                        gw[(conc, batched)].append(float(out["rate"]))
+                        self.log(
+                            f"graphile-worker {conc} batched={batched}: {out['rate']:,.0f} jobs/s"
+                        )
+                if "procrastinate" in self.systems:
+                    for c in PROCRASTINATE_CONCURRENCY:
+                        with self.server.schema(db, "pq") as schema:
+                            out = self.procrastinate.run(
+                                self.server,
+                                db,
+                                schema,
+                                workload="noop",
+                                jobs=PROCRASTINATE_JOBS,
+                                concurrency=c,
+                            )
+                        pq[c].append(float(out["rate"]))
+                        self.log(f"procrastinate concurrency {c}: {out['rate']:,.0f} jobs/s")
+        for c, values in tj.items():
+            if values:
+                self.add(
+                    Sample(
+                        "trio-jobs",
+                        "noop",
+                        f"concurrency {c} (max_in_flight unset), pool 10, {NOOP_JOBS:,} jobs",
+                        "jobs/s",
+                        values,
+                    )
+                )
+        for (c, batched), values in gw.items():
+            if values:
+                how = (
+                    f"localQueue {c}, completeJobBatchDelay 0"
+                    if batched
+                    else "no batching (default)"
+                )
+                self.add(
+                    Sample(
+                        "graphile-worker",
+                        "noop",
+                        f"concurrency {c}, {how}, {NOOP_JOBS:,} jobs",
+                        "jobs/s",
+                        values,
+                        note="batched" if batched else "default",
+                    )
+                )
+        for c, values in pq.items():
+            if values:
+                self.add(
+                    Sample(
+                        "procrastinate",
+                        "noop",
+                        f"concurrency {c}, {PROCRASTINATE_JOBS:,} jobs",
+                        "jobs/s",
+                        values,
+                    )
+                )
+
+    # -- steps
+
+    def steps(self) -> None:
+        tj: dict[int, list[float]] = {c: [] for c in TJ_STEP_CONCURRENCY}
+        pq: list[float] = []
+        with self.server.database("steps") as db:
+            for r in range(self.runs):
+                self.log(f"3-step round {r + 1}/{self.runs}")
+                if "trio-jobs" in self.systems:
+                    for c in TJ_STEP_CONCURRENCY:
+                        tj[c].append(tj_throughput(self.server, db, pg_steps3, STEP_JOBS, c))
+                        self.log(f"trio-jobs 3-step concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                if "procrastinate" in self.systems:
+                    with self.server.schema(db, "pq") as schema:
+                        out = self.procrastinate.run(
+                            self.server,
+                            db,
+                            schema,
+                            workload="chain3",
+                            jobs=PROCRASTINATE_CHAINS,
+                            concurrency=32,
+                        )
+                    pq.append(float(out["rate"]))
+                    self.log(f"procrastinate chain3: {out['rate']:,.0f} workflows/s")
+        for c, values in tj.items():
+            if values:
+                self.add(
+                    Sample(
+                        "trio-jobs",
+                        "steps3",
+                        f"concurrency {c}, {STEP_JOBS:,} jobs of 3 steps",
+                        "jobs/s",
+                        values,
+                    )
+                )
+        if pq:
+            self.add(
+                Sample(
+                    "procrastinate",
+                    "steps3",
+                    f"chain of 3 tasks, concurrency 32, {PROCRASTINATE_CHAINS:,} chains",
+                    "jobs/s",
+                    pq,
+                    note="no durable steps: a chain of three deferred tasks",
+                )
+            )
+
+    # -- enqueue
+
+    def enqueue(self) -> None:
+        tj: list[float] = []
+        bench: list[float] = []
+        with self.server.database("enqueue") as db:
+            for r in range(self.runs):
+                self.log(f"single-enqueue round {r + 1}/{self.runs}")
+                with self.server.schema(db, "tj") as schema:
+                    trio.run(_tj_migrate, self.server.dsn_for(db), schema)
+                    # pgbench's table: trio-jobs' jobs table, its indexes included.
+                    self.server.execute(
+                        db,
+                        f'CREATE TABLE "{schema}".pgbench_jobs '
+                        f'(LIKE "{schema}".trio_jobs_jobs INCLUDING ALL)',
+                    )
+                    for _slice in range(SINGLE_ENQUEUE_SLICES):
+                        tj.append(
+                            trio.run(
+                                _tj_single_enqueue_once,
+                                self.server.dsn_for(db),
+                                schema,
+                                SINGLE_ENQUEUE_SECONDS,
+                            )
+                        )
+                        bench.append(
+                            pgbench_insert(self.server, db, schema, SINGLE_ENQUEUE_SECONDS)
+                        )
+                        self.log(f"trio-jobs enqueue {tj[-1]:,.0f}/s, pgbench {bench[-1]:,.0f} tps")
+            ratios = [a / b for a, b in zip(tj, bench, strict=True)]
+            self.add(
+                Sample(
+                    "trio-jobs",
+                    "enqueue-ratio",
+                    "each slice's enqueues/s over the next slice's pgbench tps",
+                    "x",
+                    ratios,
+                )
+            )
+            self.add(
+                Sample(
+                    "trio-jobs",
+                    "enqueue",
+                    f"sequential `enqueue`, {SINGLE_ENQUEUE_SECONDS:.0f} s slices",
+                    "enqueues/s",
+                    tj,
+                )
+            )
+            self.add(
+                Sample(
+                    "pgbench",
+                    "enqueue",
+                    "1 client, -M prepared, one INSERT per transaction into a copy of the "
+                    f"jobs table, {SINGLE_ENQUEUE_SECONDS:.0f} s slices",
+                    "tps",
+                    bench,
+                )
+            )
+            with self.server.schema(db, "tj") as schema:
+                many = trio.run(_tj_enqueue_many_once, self.server.dsn_for(db), schema, 20)
+            self.add(
+                Sample(
+                    "trio-jobs",
+                    "enqueue_many",
+                    "`enqueue_many` of 1,000 inputs (20 calls after 3 warm-ups)",
+                    "ms",
+                    many,
+                    higher_is_better=False,
+                )
+            )
+            if "procrastinate" in self.systems:
+                with self.server.schema(db, "pq") as schema:
+                    out = self.procrastinate.run(
+                        self.server, db, schema, workload="enqueue_many", jobs=0, samples=20
+                    )
+                self.add(
+                    Sample(
+                        "procrastinate",
+                        "enqueue_many",
+                        "`batch_defer_async` of 1,000",
+                        "ms",
+                        out["samples_ms"],
+                        higher_is_better=False,
+                    )
+                )
+            if "graphile-worker" in self.systems:
+                with self.server.schema(db, "gw") as schema:
+                    out = self.graphile.run(
+                        self.server, db, schema, workload="enqueue_many", jobs=0, samples=20
+                    )
+                self.add(
+                    Sample(
+                        "graphile-worker",
+                        "enqueue_many",
+                        "`addJobs` of 1,000",
+                        "ms",
+                        out["samples_ms"],
+                        higher_is_better=False,
+                    )
+                )
+
+    # -- pickup
+
+    def pickup(self) -> None:
+        with self.server.database("pickup") as db, self.server.schema(db, "tj") as schema:
+            latencies = trio.run(
+                _tj_pickup_once, self.server.dsn_for(db), schema, PICKUP_SAMPLES, PICKUP_INTERVAL
+            )
+        self.add(
+            Sample(
+                "trio-jobs",
+                "pickup",
+                f"{len(latencies)} samples, another process enqueues every "
+                f"{PICKUP_INTERVAL * 1000:.0f} ms",
+                "ms",
+                latencies,
+                higher_is_better=False,
+            )
+        )
+
+    # -- idle
+
+    def idle(self) -> None:
+        with self.server.database("idle") as db, self.server.schema(db, "tj") as schema:
+            statements, claims, registry = trio.run(
+                _tj_idle_once, self.server, db, schema, IDLE_WARMUP, IDLE_WINDOW
+            )
+        window = f"{IDLE_WINDOW:.0f} s window after {IDLE_WARMUP:.0f} s idle, x{60 / IDLE_WINDOW:g}"
+        self.add(
+            Sample("trio-jobs", "idle", f"statements at the bridge, {window}", "/min", [statements])
+        )
+        self.add(Sample("trio-jobs", "idle-claims", f"of which claims, {window}", "/min", [claims]))
+        self.add(
+            Sample(
+                "trio-jobs",
+                "idle-registry",
+                f"of which worker-registry writes (record_worker), {window}",
+                "/min",
+                [registry],
+            )
+        )
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _pick(samples: Sequence[Sample], system: str, measure: str) -> Sample | None:
+    return _best([s for s in samples if s.system == system and s.measure == measure])
+
+
+def _cell(sample: Sample | None, *, spread: bool = False) -> str:
+    if sample is None:
+        return "—"
+    text = f"{_fmt(sample.median, sample.unit)} {sample.unit}"
+    if spread and len(sample.values) > 1:
+        text += f" (max {_fmt(max(sample.values), sample.unit)})"
+    return text
+
+
+def _verdict(ok: bool | None) -> str:
+    return "—" if ok is None else ("met" if ok else "**missed**")
+
+
+def report(bench: Bench) -> str:
+    s = bench.samples
+    tj_noop = _pick(s, "trio-jobs", "noop")
+    gw_noop = _pick(s, "graphile-worker", "noop")
+    gw_default = _best(
+        [
+            x
+            for x in s
+            if x.system == "graphile-worker" and x.measure == "noop" and x.note == "default"
+        ]
+    )
+    pq_noop = _pick(s, "procrastinate", "noop")
+    tj_steps = _pick(s, "trio-jobs", "steps3")
+    pq_steps = _pick(s, "procrastinate", "steps3")
+    tj_enq = _pick(s, "trio-jobs", "enqueue")
+    pgb = _pick(s, "pgbench", "enqueue")
+    tj_many = _pick(s, "trio-jobs", "enqueue_many")
+    pq_many = _pick(s, "procrastinate", "enqueue_many")
+    gw_many = _pick(s, "graphile-worker", "enqueue_many")
+    pickup = _pick(s, "trio-jobs", "pickup")
+    idle = _pick(s, "trio-jobs", "idle")
+    idle_registry = _pick(s, "trio-jobs", "idle-registry")
+    idle_claims = _pick(s, "trio-jobs", "idle-claims")
+
+    enq_ratio = _pick(s, "trio-jobs", "enqueue-ratio")
+
+    def ratio(a: Sample | None, b: Sample | None) -> str:
+        return f"{a.median / b.median:.2f}x" if a and b and b.median else "—"
+
+    rows = [
+        "| measure | trio-jobs | procrastinate | graphile-worker | target | ratio | verdict |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    if tj_noop or gw_noop or pq_noop:
+        ok = None
+        if tj_noop:
+            ok = tj_noop.median >= 5000 and (
+                gw_noop is None or tj_noop.median >= 3 * gw_noop.median
+            )
+        rows.append(
+            f"| no-op jobs, one worker process | {_cell(tj_noop)} | {_cell(pq_noop)} | "
+            f"{_cell(gw_noop)} (default settings: {_cell(gw_default)}) | ≥ 5,000/s and ≥ 3x "
+            f"graphile-worker | {ratio(tj_noop, gw_noop)} graphile-worker best, "
+            f"{ratio(tj_noop, gw_default)} its default, {ratio(tj_noop, pq_noop)} procrastinate "
+            f"| {_verdict(ok)} |"
+        )
+    if tj_steps or pq_steps:
+        ok = tj_steps.median >= 1500 if tj_steps else None
+        rows.append(
+            f"| 3-step jobs | {_cell(tj_steps)} | {_cell(pq_steps)} (3-task chain) | — | "
+            f"≥ 1,500/s | {ratio(tj_steps, pq_steps)} procrastinate | {_verdict(ok)} |"
+        )
+    if tj_enq or pgb:
+        ok = enq_ratio.median >= 0.8 if enq_ratio else None
+        paired = f"{enq_ratio.median:.2f}x" if enq_ratio else "—"
+        rows.append(
+            f"| single `enqueue`, sequential | {_cell(tj_enq)} | — | — | ≥ 0.8x pgbench "
+            f"({_cell(pgb)}) | {paired} pgbench (median of paired slices) | {_verdict(ok)} |"
+        )
+    if tj_many:
+        ok = tj_many.median <= 15.0
+        rows.append(
+            f"| `enqueue_many` of 1,000 | {_cell(tj_many, spread=True)} | {_cell(pq_many)} | "
+            f"{_cell(gw_many)} | ≤ 15 ms | — | {_verdict(ok)} |"
+        )
+    if pickup:
+        ok = pickup.median <= 3.0 and max(pickup.values) <= 10.0
+        rows.append(
+            f"| pickup latency, idle worker (median / max) | {pickup.median:.2f} / "
+            f"{max(pickup.values):.2f} ms | — | — | ≤ 3 ms / ≤ 10 ms | — | {_verdict(ok)} |"
+        )
+    if idle:
+        ok = idle.median <= 12
+        extra = ""
+        if idle_registry and idle_claims:
+            extra = f" ({idle_claims.median:.0f} claims, {idle_registry.median:.0f} worker-registry writes)"
+        rows.append(
+            f"| statements an idle worker issues | {idle.median:.0f} /min{extra} | — | — | "
+            f"≤ 12 /min | — | {_verdict(ok)} |"
+        )
+    detail = [
+        "| system | measure | configuration | median | runs |",
+        "|---|---|---|---:|---|",
+    ]
+    for x in s:
+        detail.append(
+            f"| {x.system} | {x.measure} | {x.config} | {_fmt(x.median, x.unit)} {x.unit} | "
+            + ", ".join(_fmt(v, x.unit) for v in x.values)
+            + " |"
+        )
+    return "\n".join(rows) + "\n\nEvery configuration:\n\n" + "\n".join(detail)
+
+
+def machine(server: Server, bench: Bench) -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    import trio_jobs
+
+    return "\n".join(
+        [
+            f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+            f"- server: {server.describe()}",
+            f"- trio-jobs {trio_jobs.__version__}, CPython {platform.python_version()}, "
+            f"trio {trio.__version__}, psycopg {psycopg.__version__}",
+            f"- procrastinate {bench.procrastinate.version} (CPython {platform.python_version()}, "
+            f"its own venv); graphile-worker {bench.graphile.version} (node {node_version()}); "
+            f"{pgbench_version()}",
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def _print_profile(profiler: cProfile.Profile, title: str) -> None:
+    stats = pstats.Stats(profiler)
+    total = 0.0
+    areas: dict[str, float] = {}
+    for (filename, _line, func), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        total += tottime
+        if "epoll" in func or "select.poll" in func:
+            area = "waiting in epoll (idle: the database or the network)"
+        elif "/trio_jobs/drivers/postgres/" in filename:
+            area = "trio_jobs.drivers.postgres"
+        elif "/trio_jobs/" in filename:
+            area = "trio_jobs." + Path(filename).stem
+        elif "/trio/" in filename:
+            area = "trio (scheduler, cancel scopes, events)"
+        elif "/psycopg" in filename:
+            area = "psycopg (protocol, adaptation)"
+        elif "/attr" in filename or "/cattrs/" in filename:
+            area = "attrs / cattrs"
+        elif filename.startswith("~") or filename == "<string>":
+            area = f"builtins ({func.split(' ')[0][:40]})" if func.startswith("<") else "builtins"
+        else:
+            area = Path(filename).name
+        areas[area] = areas.get(area, 0.0) + tottime
+    print(f"\n=== profile: {title} — own time by area (cProfile; read shares, not seconds) ===")
+    for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"  {seconds / total * 100:5.1f}%  {area}")
+    print(f"=== {title}: top functions by own time ===")
+    stats.sort_stats("tottime").print_stats(25)
+    print(f"=== {title}: trio_jobs functions by cumulative time ===")
+    stats.sort_stats("cumtime").print_stats(r"trio_jobs", 20)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks postgres", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL") or DEFAULT_DSN)
+    parser.add_argument("--runs", type=int, default=3, help="runs per configuration (default 3)")
+    parser.add_argument("--only", action="append", choices=PARTS, metavar="PART", help=f"{PARTS}")
+    parser.add_argument(
+        "--systems",
+        default="trio-jobs,procrastinate,graphile-worker",
+        help="comma-separated subset of trio-jobs,procrastinate,graphile-worker",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one trio-jobs no-op run and one 3-step run under cProfile, then exit",
+    )
+    parser.add_argument("--json", type=Path, default=WORK / "postgres-results.json")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs takes a whole number, 1 or more")
+    server = Server(args.dsn)
+    systems = {x.strip() for x in args.systems.split(",") if x.strip()}
+    bench = Bench(server, args.runs, systems)
+    WORK.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if args.profile:
+        with server.database("profile") as db:
+            tj_throughput(server, db, pg_noop, NOOP_JOBS, TJ_CONCURRENCY[-1], profile=True)
+            tj_throughput(server, db, pg_steps3, STEP_JOBS, TJ_STEP_CONCURRENCY[0], profile=True)
+        return 0
+    if "procrastinate" in systems:
+        bench.procrastinate.install()
+    if "graphile-worker" in systems:
+        bench.graphile.install()
+    parts = args.only or list(PARTS)
+    for part in parts:
+        print(f"running {part} ...", file=sys.stderr, flush=True)
+        getattr(bench, part)()
+    text = (
+        f"command: python -m benchmarks postgres {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip()
+        + f"\n\n{machine(server, bench)}\n- wall time: {time.perf_counter() - started:,.0f} s, "
+        f"{args.runs} runs per configuration, medians\n\n{report(bench)}\n"
+    )
+    print()
+    print(text)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps([attrs.asdict(x) for x in bench.samples], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

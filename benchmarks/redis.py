@@ -1,0 +1,371 @@
+"""Redis benchmarks: trio-jobs' Redis driver beside arq, in the same run.
+
+    python -m benchmarks redis [--url URL] [--runs 3] [--jobs 10000] [--only PART ...]
+
+One invocation, one Redis server (``--url``, else ``$REDIS_URL``, else
+``redis://127.0.0.1:6379/0``); the runs of the two systems are interleaved round
+by round, so a noisy neighbour slows both alike. trio-jobs works under a fresh
+key prefix per run, arq under a fresh queue name; both are deleted afterwards.
+
+Parts (``--only``):
+
+``throughput``
+    End-to-end no-op jobs in one worker process: ``--jobs`` jobs enqueued (not
+    timed; trio-jobs with ``enqueue_many``, arq with ``enqueue_job`` calls
+    gathered 500 at a time), then one worker timed from its start until the
+    last job settled. trio-jobs over a concurrency sweep; arq with burst mode
+    at ``max_jobs`` 50 and 200 and ``poll_delay`` 0.01 s (at its defaults, 10
+    jobs and 0.5 s, arq reads at most 10 jobs per poll: about 20 jobs/s).
+``pickup``
+    An idle worker; a second client (its own connection pool, as another
+    process has) enqueues one job at a time, 300 ms apart; latency is from just
+    before the enqueue call to the body's start. trio-jobs at its defaults (the
+    pub/sub wake, proven by its probe); arq at its defaults (it polls every
+    ``poll_delay``, 0.5 s) and at ``poll_delay`` 0.01 s.
+
+arq is installed by this script only, into a venv under ``benchmarks/.work/``:
+never a dependency of trio-jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trio_jobs import JobContext, Worker, job, open_jobs, redis_driver
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / ".work"
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: The peer, pinned so a rerun measures the same code (override with the env var).
+ARQ_SPEC = os.environ.get("BENCH_ARQ", "arq==0.28.0")
+
+TJ_CONCURRENCY = (64, 256)
+#: (max_jobs, poll_delay) for arq's throughput runs.
+ARQ_THROUGHPUT = ((50, 0.01), (200, 0.01))
+#: poll_delay for arq's pickup runs: its default, then a tight poll.
+ARQ_PICKUP = (0.5, 0.01)
+PICKUP_SAMPLES = 30
+PICKUP_INTERVAL = 0.3
+PARTS = ("throughput", "pickup")
+
+
+# --------------------------------------------------------------------------- trio-jobs
+
+
+@job(input=int, idempotency_key=lambda i: f"noop:{i}", name="bench.redis.noop")
+async def redis_noop(ctx: JobContext[int]) -> None:
+    """Does nothing: the cost of the queue and the worker alone."""
+    return None
+
+
+_started: dict[int, float] = {}
+
+
+@job(input=int, idempotency_key=lambda i: f"pickup:{i}", name="bench.redis.pickup")
+async def redis_pickup(ctx: JobContext[int]) -> None:
+    """Notes when its body started (the pickup-latency benchmark)."""
+    _started[ctx.input] = time.perf_counter()
+
+
+async def _delete_prefix(url: str, pattern: str) -> None:
+    import coredis
+
+    client: coredis.Redis[str] = coredis.Redis.from_url(url, decode_responses=True)
+    async with client:
+        batch: list[str] = []
+        async for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                await client.delete(batch)
+                batch = []
+        if batch:
+            await client.delete(batch)
+
+
+async def _tj_throughput_once(url: str, n: int, concurrency: int) -> float:
+    prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
+    try:
+        async with open_jobs(redis_driver(url, prefix=prefix), jobs=[redis_noop]) as jobs:
+            for start in range(0, n, 10_000):
+                await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
+            worker = Worker(jobs, concurrency=concurrency)
+            async with trio.open_nursery() as nursery:
+                started = time.perf_counter()
+                await nursery.start(worker.run)
+                with trio.fail_after(600):
+                    while worker.stats().done < n:  # noqa: ASYNC110 — the worker's own count
+                        await trio.sleep(0.001)
+                elapsed = time.perf_counter() - started
+                await worker.drain()
+    finally:
+        await _delete_prefix(url, f"{prefix}:*")
+    return n / elapsed
+
+
+async def _tj_pickup_once(url: str, samples: int, interval: float) -> list[float]:
+    prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
+    _started.clear()
+    sent: dict[int, float] = {}
+    try:
+        async with open_jobs(redis_driver(url, prefix=prefix), jobs=[redis_pickup]) as jobs:
+            worker = Worker(jobs, concurrency=8)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                wake = jobs.driver.wake
+                with trio.fail_after(10):
+                    while wake is None or not wake.live:  # noqa: ASYNC110 — the probe
+                        await trio.sleep(0.01)
+                await trio.sleep(1.0)  # let the worker go idle
+                other = redis_driver(url, prefix=prefix)  # the enqueuing client
+                async with open_jobs(other, jobs=[redis_pickup]):
+                    for i in range(samples):
+                        sent[i] = time.perf_counter()
+                        await redis_pickup.enqueue(i)
+                        await trio.sleep(interval)
+                with trio.fail_after(10):
+                    while len(_started) < samples:  # noqa: ASYNC110 — the last body
+                        await trio.sleep(0.01)
+                await worker.drain()
+    finally:
+        await _delete_prefix(url, f"{prefix}:*")
+    return [(_started[i] - sent[i]) * 1000.0 for i in sorted(sent)]
+
+
+# --------------------------------------------------------------------------- arq
+
+#: arq's side, run with the interpreter of the venv under benchmarks/.work/
+#: (written there at run time). One invocation is one run; it prints one JSON
+#: object on its last line.
+ARQ_PEER = r"""
+import asyncio, json, sys, time
+from arq import create_pool
+from arq.connections import RedisSettings
+from arq.worker import Worker
+
+spec = json.loads(sys.argv[1])
+STARTED = {}
+
+async def noop(ctx, i):
+    return None
+
+async def pickup(ctx, i):
+    STARTED[i] = time.perf_counter()
+
+async def throughput():
+    settings = RedisSettings.from_dsn(spec["url"])
+    queue, n = spec["queue"], spec["jobs"]
+    pool = await create_pool(settings, default_queue_name=queue)
+    for start in range(0, n, 500):
+        await asyncio.gather(*(pool.enqueue_job("noop", i, _queue_name=queue)
+                               for i in range(start, min(n, start + 500))))
+    worker = Worker(functions=[noop], redis_settings=settings, queue_name=queue, burst=True,
+                    max_jobs=spec["max_jobs"], poll_delay=spec["poll_delay"], keep_result=0,
+                    handle_signals=False, log_results=False)
+    started = time.perf_counter()
+    await worker.async_run()
+    elapsed = time.perf_counter() - started
+    done = worker.jobs_complete
+    await worker.close()
+    await pool.aclose()
+    return {"rate": done / elapsed, "done": done}
+
+async def pickup_run():
+    settings = RedisSettings.from_dsn(spec["url"])
+    queue, samples, interval = spec["queue"], spec["samples"], spec["interval"]
+    worker = Worker(functions=[pickup], redis_settings=settings, queue_name=queue,
+                    max_jobs=8, poll_delay=spec["poll_delay"], keep_result=0,
+                    handle_signals=False, log_results=False)
+    task = asyncio.create_task(worker.async_run())
+    await asyncio.sleep(1.0)
+    pool = await create_pool(settings, default_queue_name=queue)
+    sent = {}
+    for i in range(samples):
+        sent[i] = time.perf_counter()
+        await pool.enqueue_job("pickup", i, _queue_name=queue)
+        await asyncio.sleep(interval)
+    while len(STARTED) < samples:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await worker.close()
+    await pool.aclose()
+    return {"latencies": [(STARTED[i] - sent[i]) * 1000.0 for i in sorted(sent)]}
+
+result = asyncio.run(throughput() if spec["workload"] == "throughput" else pickup_run())
+print(json.dumps(result))
+"""
+
+
+class Arq:
+    """arq in its own venv under ``benchmarks/.work/``."""
+
+    def __init__(self) -> None:
+        self.venv = WORK / "arq-venv"
+        self.python = self.venv / "bin" / "python"
+        self.script = WORK / "_peer_arq.py"
+        self.version = "?"
+
+    def install(self) -> None:
+        marker = self.venv / ".installed"
+        if not (marker.exists() and marker.read_text() == ARQ_SPEC):
+            print(f"installing {ARQ_SPEC} into {self.venv} ...", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(self.venv)], check=True)
+            subprocess.run([str(self.python), "-m", "pip", "install", "-q", ARQ_SPEC], check=True)
+            marker.write_text(ARQ_SPEC)
+        self.script.write_text(ARQ_PEER)
+        self.version = subprocess.run(
+            [str(self.python), "-c", "import importlib.metadata as m; print(m.version('arq'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    def run(self, url: str, **spec: Any) -> Any:
+        queue = f"arq:bench:{uuid.uuid4().hex[:10]}"
+        try:
+            proc = subprocess.run(
+                [
+                    str(self.python),
+                    str(self.script),
+                    json.dumps({"url": url, "queue": queue, **spec}),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+        finally:
+            trio.run(_delete_prefix, url, f"{queue}*")
+        if proc.returncode != 0:
+            raise RuntimeError(f"arq failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks redis", description=__doc__)
+    parser.add_argument("--url", default=os.environ.get("REDIS_URL", DEFAULT_URL))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--only", action="append", choices=PARTS)
+    args = parser.parse_args(argv)
+    parts = args.only or list(PARTS)
+    arq = Arq()
+    arq.install()
+
+    import coredis
+
+    from .__main__ import machine
+
+    info = trio.run(_server_info, args.url)
+    print(f"machine: {machine()}")
+    print(f"redis: {info}; coredis {coredis.__version__}; arq {arq.version}")
+    print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
+    rows: list[str] = []
+    if "throughput" in parts:
+        tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        peer: dict[tuple[int, float], list[float]] = {c: [] for c in ARQ_THROUGHPUT}
+        for run in range(args.runs):
+            print(f"throughput round {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+            for c in TJ_CONCURRENCY:
+                tj[c].append(trio.run(_tj_throughput_once, args.url, args.jobs, c))
+            for max_jobs, poll in ARQ_THROUGHPUT:
+                got = arq.run(
+                    args.url,
+                    workload="throughput",
+                    jobs=args.jobs,
+                    max_jobs=max_jobs,
+                    poll_delay=poll,
+                )
+                if got["done"] != args.jobs:
+                    raise RuntimeError(f"arq finished {got['done']} of {args.jobs} jobs")
+                peer[(max_jobs, poll)].append(got["rate"])
+        for c, rates in tj.items():
+            rows.append(
+                f"| no-op jobs/s, {args.jobs:,} jobs | trio-jobs (Redis driver), concurrency {c} "
+                f"| **{_median(rates):,.0f}** | {min(rates):,.0f} to {max(rates):,.0f} |"
+            )
+        for (max_jobs, poll), rates in peer.items():
+            rows.append(
+                f"| no-op jobs/s, {args.jobs:,} jobs | arq {arq.version}, max_jobs {max_jobs}, "
+                f"poll_delay {poll} s | **{_median(rates):,.0f}** | "
+                f"{min(rates):,.0f} to {max(rates):,.0f} |"
+            )
+    if "pickup" in parts:
+        tj_lat: list[float] = []
+        peer_lat: dict[float, list[float]] = {p: [] for p in ARQ_PICKUP}
+        for run in range(args.runs):
+            print(f"pickup round {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+            tj_lat.extend(trio.run(_tj_pickup_once, args.url, PICKUP_SAMPLES, PICKUP_INTERVAL))
+            for poll in ARQ_PICKUP:
+                got = arq.run(
+                    args.url,
+                    workload="pickup",
+                    samples=PICKUP_SAMPLES,
+                    interval=PICKUP_INTERVAL,
+                    poll_delay=poll,
+                )
+                peer_lat[poll].extend(got["latencies"])
+
+        def lat_row(label: str, values: list[float]) -> str:
+            return (
+                f"| pickup latency, idle worker, ms ({len(values)} samples) | {label} | "
+                f"**{_median(values):.1f}** median | p90 {_p(values, 0.9):.1f}, "
+                f"max {max(values):.1f} |"
+            )
+
+        rows.append(lat_row("trio-jobs (Redis driver), pub/sub wake", tj_lat))
+        for poll, values in peer_lat.items():
+            rows.append(lat_row(f"arq {arq.version}, poll_delay {poll} s", values))
+    print()
+    print(f"| measure | system, settings | median ({args.runs} runs) | spread |")
+    print("|---|---|---:|---|")
+    for row in rows:
+        print(row)
+    return 0
+
+
+async def _server_info(url: str) -> str:
+    import coredis
+
+    client: coredis.Redis[str] = coredis.Redis.from_url(url, decode_responses=True)
+    async with client:
+        server = await client.info("server")
+        persistence = await client.info("persistence")
+        save = await client.config_get(["save", "appendfsync"])
+    return (
+        f"Redis {server.get('redis_version')!s} on loopback, "
+        f"appendonly={'yes' if persistence.get('aof_enabled') else 'no'}, "
+        f"appendfsync={str(save.get('appendfsync'))}, save={save.get('save')!r}"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

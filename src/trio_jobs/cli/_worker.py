@@ -1,0 +1,255 @@
+"""``trio-jobs worker MODULE[:ATTR]``: a worker process, drained by SIGTERM.
+
+The first SIGTERM (or Ctrl-C) stops claiming and aborts every held job's
+``ctx.signal`` with ``X_DRAINING``; a body that unwinds is handed back with the
+attempt uncounted, and the process exits 0 once drained. A second signal, or a
+drain that outlasts ``--drain-timeout`` (plus a short grace for the hand-back
+writes), abandons the jobs still held: the logs are flushed and the process
+exits ``3`` at once; their leases lapse and the queue redelivers them (the
+attempt is counted).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from .._declare import Job
+from ._common import (
+    EXIT_ABANDONED,
+    config_error,
+    flush_logs,
+    log_event,
+    resolve_database,
+)
+
+__all__ = ["WorkerOptions", "check_settings", "load_jobs", "parse_concurrency", "serve"]
+
+#: How long past ``--drain-timeout`` the hand-back writes may take before the
+#: process abandons what it still holds.
+DRAIN_GRACE = 3.0
+
+
+def load_jobs(target: str) -> list[Job[Any, Any]]:
+    """The jobs ``MODULE[:ATTR]`` names: ``ATTR`` (a job or a list of jobs), or
+    every job handle at the module's top level. The current folder is importable."""
+    module_name, _, attr = target.partition(":")
+    if not module_name:
+        raise config_error("name the jobs as MODULE or MODULE:ATTR (e.g. myapp.jobs:all_jobs)")
+    here = str(Path.cwd())
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise config_error(
+            f"could not import {module_name!r} ({type(exc).__name__}: {exc}); run from the folder "
+            "that holds it, or put it on PYTHONPATH"
+        ) from None
+    except Exception as exc:
+        raise config_error(
+            f"importing {module_name!r} raised {type(exc).__name__}; run "
+            f'`python -c "import {module_name}"` to see the traceback'
+        ) from None
+    found: list[Job[Any, Any]] = []
+    if attr:
+        obj: Any = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise config_error(f"{module_name} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        if isinstance(obj, Job):
+            found = [obj]
+        elif isinstance(obj, Iterable) and not isinstance(obj, str | bytes | Mapping):
+            items = list(obj)
+            if not items or not all(isinstance(h, Job) for h in items):
+                raise config_error(f"{target} must be a job or a non-empty list of jobs")
+            found = items
+        else:
+            raise config_error(f"{target} must be a job or a list of jobs")
+    else:
+        seen: set[int] = set()
+        for value in vars(module).values():
+            if isinstance(value, Job) and id(value) not in seen:
+                seen.add(id(value))
+                found.append(value)
+        if not found:
+            raise config_error(
+                f"{module_name} has no job at its top level; name a list with {module_name}:ATTR"
+            )
+    return found
+
+
+def parse_concurrency(text: str) -> int | dict[str, int]:
+    """``N`` (every served queue), or ``q1=N,q2=M``."""
+    text = text.strip()
+    if "=" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise config_error("--concurrency is N or q1=N,q2=M with whole numbers") from None
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        queue, _, n = part.partition("=")
+        try:
+            out[queue.strip()] = int(n)
+        except ValueError:
+            raise config_error("--concurrency is N or q1=N,q2=M with whole numbers") from None
+        if not queue.strip():
+            raise config_error("--concurrency names an empty queue")
+    return out
+
+
+def check_settings(opts: WorkerOptions) -> None:
+    """Refuse a bad setting before any I/O, with the code ``Worker`` would use."""
+    from .._time import parse_duration
+    from ..errors import ErrorCode, JobsError
+
+    for field in ("visibility_timeout", "drain_timeout", "poll_interval", "idle_poll_max"):
+        value = getattr(opts, field)
+        if value is not None:
+            parse_duration(
+                value, field=f"--{field.replace('_', '-')}", allow_zero=field == "drain_timeout"
+            )
+    slots = opts.concurrency.values() if isinstance(opts.concurrency, dict) else [opts.concurrency]
+    if any(n < 1 for n in slots):
+        raise config_error("--concurrency must be a whole number, 1 or more, for every queue")
+    if opts.max_in_flight is not None and opts.max_in_flight < 1:
+        code = ErrorCode.X_INVARIANT if opts.max_in_flight == 0 else ErrorCode.X_CONFIG_INVALID
+        raise JobsError(code, "--max-in-flight must be a whole number, 1 or more")
+
+
+@attrs.frozen
+class WorkerOptions:
+    target: str
+    queues: list[str] | None
+    concurrency: int | dict[str, int]
+    max_in_flight: int | None
+    visibility_timeout: Any
+    drain_timeout: Any
+    poll_interval: Any
+    idle_poll_max: Any
+    purge: bool
+    database_url: str | None
+
+
+async def serve(opts: WorkerOptions) -> dict[str, Any]:
+    """Run the worker until a signal drains it; answers the summary. An abandoned
+    drain never returns: the process exits ``EXIT_ABANDONED`` at once."""
+    from .. import Retention, Worker, open_jobs
+    from ..drivers.postgres import postgres_driver
+
+    # Installed before anything slow: a SIGTERM during startup drains, never kills.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        handles = load_jobs(opts.target)
+        db = await resolve_database(opts.database_url)
+        async with open_jobs(postgres_driver(db.dsn), jobs=handles) as jobs:
+            queues = opts.queues
+            if queues is None and isinstance(opts.concurrency, dict):
+                queues = list(opts.concurrency)
+            worker = Worker(
+                jobs,
+                queues=queues,
+                concurrency=opts.concurrency,
+                max_in_flight=opts.max_in_flight,
+                visibility_timeout=opts.visibility_timeout,
+                drain_timeout=opts.drain_timeout,
+                poll_interval=opts.poll_interval,
+                idle_poll_max=opts.idle_poll_max,
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                if opts.purge:
+                    await nursery.start(Retention(jobs.driver).run)
+                log_event(
+                    logging.INFO,
+                    "jobs.worker.ready",
+                    worker_id=worker.id,
+                    pid=os.getpid(),
+                    queues=",".join(worker.queues),
+                    slots=",".join(f"{q}={n}" for q, n in worker.slots.items()),
+                    jobs=len(handles),
+                    database=db.source,
+                )
+                outcome = await _until_drained(worker, signals)
+                nursery.cancel_scope.cancel()
+            stats = worker.stats()
+    counts = {
+        "done": stats.done,
+        "retried": stats.retried,
+        "dead_lettered": stats.dead_lettered,
+        "drained": stats.drained,
+        "abandoned": stats.abandoned,
+    }
+    if outcome == "drained":
+        log_event(logging.INFO, "jobs.worker.drained", worker_id=worker.id, **counts)
+    else:
+        # Bodies outlived the drain deadline but did end: their leases lapse.
+        log_event(
+            logging.WARNING,
+            "jobs.worker.abandoned",
+            worker_id=worker.id,
+            reason="drain-deadline",
+            in_flight=0,
+            **counts,
+        )
+    return {"worker_id": worker.id, "outcome": outcome, **counts}
+
+
+async def _until_drained(worker: Any, signals: Any) -> str:
+    """Wait for the first signal, drain; ``"drained"``, or ``"abandoned"`` when a
+    body outlasted the drain deadline but the worker still stopped. A second
+    signal, or a worker that does not stop by the deadline, exits the process."""
+    async for signum in signals:
+        log_event(
+            logging.INFO,
+            "jobs.worker.draining",
+            signal=signal.Signals(signum).name,
+            in_flight=worker.stats().in_flight,
+        )
+        break
+    worker.begin_drain()
+    reason = "drain-deadline"
+    async with trio.open_nursery() as nursery:
+
+        async def drain() -> None:
+            nonlocal reason
+            with trio.move_on_after(worker.drain_timeout + DRAIN_GRACE):
+                await worker.drain()
+                reason = ""
+            nursery.cancel_scope.cancel()
+
+        async def second() -> None:
+            nonlocal reason
+            async for signum in signals:
+                reason = f"second {signal.Signals(signum).name}"
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(drain)
+        nursery.start_soon(second)
+    if reason:
+        _abandon(worker, reason)
+    return "abandoned" if worker.stats().abandoned else "drained"
+
+
+def _abandon(worker: Any, reason: str) -> None:
+    """Leave now: the held jobs' leases lapse and the queue redelivers them."""
+    log_event(
+        logging.WARNING,
+        "jobs.worker.abandoned",
+        worker_id=worker.id,
+        reason=reason,
+        in_flight=worker.stats().in_flight,
+    )
+    flush_logs()
+    os._exit(EXIT_ABANDONED)

@@ -1,0 +1,832 @@
+"""The Redis driver: the second durable driver, on coredis (anyio, so it runs on
+Trio with no bridge).
+
+Same semantics as the memory driver (the reference). Every change that touches
+more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
+``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
+reap included), each settle one fenced call that also moves the counters and
+frees the row's key and concurrency slots, ``heartbeat`` one call for every held
+row. Due times and leases are decided with the server's clock (``TIME`` inside
+the scripts); a test may pass a ``clock`` whose now is sent with every call
+instead.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import coredis
+import coredis.exceptions
+import coredis.retry
+import trio
+
+from ..._serialization import dumps, loads
+from ..._time import Clock, SystemClock
+from ...errors import DriverError, ErrorCode, JobsError
+from .._protocol import (
+    ENQUEUE_CHUNK,
+    AckOptions,
+    ClaimedJob,
+    ClaimOptions,
+    ClaimResult,
+    CounterRow,
+    EnqueueRequest,
+    EnqueueResult,
+    EventRecord,
+    Exhausted,
+    Fence,
+    HeartbeatRequest,
+    LeaseGrant,
+    NackOptions,
+    Progress,
+    QueueStats,
+    StepRecord,
+)
+from ._scripts import SCRIPT_NAMES, script_sha, script_source
+from ._wake import RedisWake
+
+__all__ = ["SCHEMA_VERSION", "RedisDriver"]
+
+logger = logging.getLogger("trio_jobs.redis")
+
+#: The layout of the keys this driver writes. Stored under ``<prefix>:schema``
+#: on first open; a driver speaking another version refuses to open.
+SCHEMA_VERSION = 1
+
+_LAPSE_MESSAGE = (
+    f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt "
+    f"(%d of %d); the worker holding it died or stopped renewing it — "
+    f"{ErrorCode.X_JOB_MAX_ATTEMPTS}"
+)
+
+_TERMINAL_FIELDS = ("done", "failed", "dead", "cancelled")
+
+
+def _s(value: Any) -> str:
+    """A reply element as text (``None`` stays ``None``)."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def _opt(value: str | None) -> str:
+    """An optional script argument: ``''`` is none, ``'=' + value`` is a value."""
+    return "" if value is None else "=" + value
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else "=" + repr(float(value))
+
+
+def _json(value: Any) -> str:
+    return dumps(value).decode()
+
+
+def _json_opt(value: Any) -> str:
+    return "" if value is None else "=" + _json(value)
+
+
+def _progress_opt(progress: Progress | None) -> str:
+    if progress is None:
+        return ""
+    return "=" + _json({"done": progress.done, "total": progress.total, "note": progress.note})
+
+
+def _progress(value: Any) -> Progress | None:
+    if not value:
+        return None
+    data = loads(value)
+    return Progress(float(data["done"]), float(data["total"]), data.get("note"))
+
+
+def _score(value: float) -> str:
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return repr(float(value))
+
+
+def live_field(name: str, tenant_id: str | None, key: str) -> str:
+    """The live-key index field of ``(name, tenant_id, idempotency_key)``.
+
+    JSON of the triple: unambiguous for any strings, and ``None`` (no tenant)
+    differs from every tenant string."""
+    return _json([name, tenant_id, key])
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _step_body(record: StepRecord) -> str:
+    return _json(
+        {
+            "status": record.status,
+            "executions": record.executions,
+            "output": record.output,
+            "error": record.error,
+            "error_code": record.error_code,
+            "wake_at": record.wake_at,
+            "event": record.event,
+            "since": record.since,
+            "deadline": record.deadline,
+        }
+    )
+
+
+def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
+    records = []
+    for name, value in _pairs(flat).items():
+        seq, _, body = value.partition("\n")
+        data = loads(body)
+        records.append(
+            StepRecord(
+                name=name,
+                status=data["status"],
+                seq=int(seq),
+                executions=int(data.get("executions") or 0),
+                output=data.get("output"),
+                error=data.get("error"),
+                error_code=data.get("error_code"),
+                wake_at=data.get("wake_at"),
+                event=data.get("event"),
+                since=data.get("since"),
+                deadline=data.get("deadline"),
+            )
+        )
+    records.sort(key=lambda r: r.seq)
+    return records
+
+
+def unavailable(exc: BaseException | None, what: str = "") -> DriverError:
+    """``X_DRIVER_UNAVAILABLE`` for a failed call. The message names the
+    exception class only: a server message may echo keys or arguments."""
+    kind = type(exc).__name__ if exc is not None else "no connection"
+    detail = f" ({what})" if what else ""
+    return DriverError(
+        ErrorCode.X_DRIVER_UNAVAILABLE,
+        f"could not reach Redis{detail}: {kind}; check the URL (REDIS_URL) and that the "
+        "server is up — the call can be retried once it is",
+        meta={"kind": kind},
+    )
+
+
+def _request_row(r: EnqueueRequest) -> list[str]:
+    """One request as the 15 script arguments ``insert_row`` reads."""
+    return [
+        r.id,
+        r.run_id,
+        r.name,
+        r.queue,
+        _json(r.payload),
+        _opt(r.tenant_id),
+        r.idempotency_key,
+        _opt(r.concurrency_key),
+        str(int(r.max_attempts)),
+        str(int(r.priority)),
+        _num(r.run_at),
+        _num(r.delay),
+        _json_opt(dict(r.actor) if r.actor is not None else None),
+        _json_opt(dict(r.trace_context) if r.trace_context is not None else None),
+        live_field(r.name, r.tenant_id, r.idempotency_key),
+    ]
+
+
+class RedisDriver:
+    """The Redis driver. See :func:`~trio_jobs.drivers.redis.redis_driver`."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "trio_jobs",
+        clock: Clock | None = None,
+        connect_timeout: float = 1.0,
+        stream_timeout: float = 10.0,
+        max_connections: int = 64,
+        done_retention: float = 14 * 86400.0,
+        dead_retention: float = 90 * 86400.0,
+    ) -> None:
+        if not prefix or any(c in prefix for c in "{}\n"):
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "prefix must be a non-empty string without braces or newlines",
+            )
+        self._url_arg = url
+        self.prefix = prefix
+        self._clock = clock
+        self._connect_timeout = connect_timeout
+        self._stream_timeout = stream_timeout
+        self._max_connections = max_connections
+        self._done_ttl = float(done_retention)
+        self._dead_ttl = float(dead_retention)
+        self._system = SystemClock()
+        self._skew = 0.0
+        self._client: coredis.Redis[str] | None = None
+        self._url = ""
+        self._service_nursery: trio.Nursery | None = None
+        self._service_done: trio.Event | None = None
+        self._closing: trio.Event | None = None
+        self.steps = _RedisSteps(self)
+        self.events = _RedisEvents(self)
+        self.leases: _RedisLeases | None = _RedisLeases(self)
+        #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
+        #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
+        self.introspect: None = None
+        self.wake: RedisWake | None = RedisWake(
+            subscribe=self._subscribe,
+            send_probe=self._send_probe,
+            start=self._start_service_task,
+        )
+        self.opened = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel the wake listens on."""
+        return f"{self.prefix}:wake"
+
+    @property
+    def url(self) -> str:
+        """The URL in use (after :meth:`open`)."""
+        return self._url
+
+    @property
+    def client(self) -> coredis.Redis[str]:
+        if self._client is None or self.closed or self._service_nursery is None:
+            raise unavailable(None, "the driver is not open: enter it with open_jobs(...)")
+        return self._client
+
+    def _resolve_url(self) -> str:
+        url = self._url_arg or os.environ.get("REDIS_URL")
+        if not url:
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "redis_driver() needs a URL: redis_driver('redis://host:6379/0') or REDIS_URL",
+            )
+        return url
+
+    async def open(self) -> None:
+        if self.opened and not self.closed:
+            return
+        url = self._resolve_url()
+        try:
+            client: coredis.Redis[str] = coredis.Redis.from_url(
+                url,
+                decode_responses=True,
+                connect_timeout=self._connect_timeout,
+                stream_timeout=self._stream_timeout,
+                max_connections=self._max_connections,
+                # A write whose reply was lost must not be sent twice: the
+                # caller decides (claims and settles are fenced; a repeated
+                # enqueue dedupes on its id).
+                retry_policy=coredis.retry.NoRetryPolicy(),
+            )
+        except (ValueError, TypeError, coredis.exceptions.RedisError):
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "the Redis URL does not parse; pass redis://[:password@]host:port/db "
+                "(rediss:// for TLS, unix:///path for a socket)",
+            ) from None
+        self._url = url
+        self._client = client
+        self.closed = False
+        await self._start_service(client)
+        try:
+            for name in SCRIPT_NAMES:
+                await self._call(self.client.script_load(script_source(name)), "SCRIPT LOAD")
+            stored = await self._script("schema", [str(SCHEMA_VERSION)])
+            if int(_s(stored)) != SCHEMA_VERSION:
+                raise JobsError(
+                    ErrorCode.X_CONFIG_INVALID,
+                    f"the keys under prefix {self.prefix!r} were written with key-schema "
+                    f"version {_s(stored)}, and this trio-jobs speaks version {SCHEMA_VERSION}; "
+                    "run the trio-jobs version that wrote them until their jobs have settled, "
+                    "or point this driver at an empty database or another prefix "
+                    "(redis_driver(url, prefix=...))",
+                    meta={"stored": _s(stored), "expected": SCHEMA_VERSION},
+                )
+            await self._measure_skew()
+            await self._check_eviction()
+            if self.wake is not None:
+                self.wake.reset()
+        except BaseException:
+            await self._stop_service()
+            self._client = None
+            raise
+        self.opened = True
+
+    async def _check_eviction(self) -> None:
+        """Warn when Redis may evict keys: under memory pressure an eviction
+        policy deletes job rows silently. Best effort (a managed server may
+        refuse CONFIG GET)."""
+        try:
+            reply = await self._call(self.client.config_get(["maxmemory-policy"]), "CONFIG GET")
+        except JobsError:
+            return
+        policy = _s(reply.get("maxmemory-policy", "noeviction"))
+        if policy != "noeviction":
+            logger.warning(
+                "jobs.redis.eviction",
+                extra={
+                    "event": "jobs.redis.eviction",
+                    "policy": policy,
+                    "hint": "set maxmemory-policy noeviction: any other policy may delete "
+                    "queued jobs and step records when Redis runs out of memory",
+                },
+            )
+
+    async def _measure_skew(self) -> None:
+        if self._clock is not None:
+            return
+        before = self._system.now()
+        reply = await self._call(self.client.time(), "TIME")
+        after = self._system.now()
+        self._skew = reply.timestamp() - (before + after) / 2
+
+    async def _start_service(self, client: coredis.Redis[str]) -> None:
+        """Hold the client's connection pool (and the wake session) in a system
+        task: ``open()`` may be called from any Trio task, and the caller never
+        holds a nursery for the driver."""
+        started = trio.Event()
+        self._closing = trio.Event()
+        self._service_done = trio.Event()
+        closing, done = self._closing, self._service_done
+
+        async def service() -> None:
+            try:
+                async with client, trio.open_nursery() as nursery:
+                    self._service_nursery = nursery
+                    started.set()
+                    await closing.wait()
+                    nursery.cancel_scope.cancel()
+            except BaseException as exc:
+                if not isinstance(exc, trio.Cancelled):
+                    logger.warning(
+                        "jobs.redis.service_failed",
+                        extra={"event": "jobs.redis.service_failed", "kind": type(exc).__name__},
+                    )
+            finally:
+                self._service_nursery = None
+                started.set()
+                done.set()
+
+        trio.lowlevel.spawn_system_task(service)
+        await started.wait()
+        if self._service_nursery is None:
+            raise unavailable(None, "the connection pool did not start")
+
+    def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
+        if self._service_nursery is None:
+            raise unavailable(None, "the driver is not open")
+
+        async def guarded() -> None:
+            try:
+                await fn()
+            except Exception:
+                logger.exception("jobs.redis.task_failed")
+
+        self._service_nursery.start_soon(guarded)
+
+    async def _stop_service(self) -> None:
+        if self._closing is not None:
+            self._closing.set()
+        if self._service_done is not None:
+            with trio.CancelScope(shield=True):
+                await self._service_done.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self._stop_service()
+        self._client = None
+
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock.now()
+        return self._system.now() + self._skew
+
+    # ------------------------------------------------------------------ calls
+
+    async def _call(self, request: Awaitable[Any], what: str) -> Any:
+        """Await one command, translating the client's failures at the boundary."""
+        try:
+            return await request
+        except (
+            coredis.exceptions.ConnectionError,
+            TimeoutError,
+            OSError,
+            coredis.exceptions.ReadOnlyError,
+        ) as exc:
+            raise unavailable(exc, what) from None
+        except coredis.exceptions.RedisError as exc:
+            if isinstance(exc, coredis.exceptions.ResponseError) and str(exc).startswith(
+                ("OOM", "BUSY", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
+            ):
+                raise unavailable(exc, f"{what}: {str(exc).split(' ', 1)[0]}") from None
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"Redis refused {what} ({type(exc).__name__}); this is a bug in the "
+                "Redis driver or a server it does not support (Redis 7 or later, standalone)",
+                meta={"kind": type(exc).__name__},
+            ) from None
+        except RuntimeError as exc:
+            # coredis answers a pool that has exited with RuntimeError.
+            raise unavailable(exc, what) from None
+
+    async def _script(self, name: str, args: Sequence[str]) -> Any:
+        """Call script ``name`` by digest (loading it again on ``NOSCRIPT``)."""
+        full = [
+            self.prefix,
+            "" if self._clock is None else repr(float(self._clock.now())),
+            repr(self._done_ttl),
+            repr(self._dead_ttl),
+            *args,
+        ]
+        client = self.client
+        try:
+            return await self._call(client.evalsha(script_sha(name), args=full), name)
+        except JobsError as exc:
+            if exc.meta.get("kind") != "NoScriptError":
+                raise
+        await self._call(client.script_load(script_source(name)), "SCRIPT LOAD")
+        return await self._call(client.evalsha(script_sha(name), args=full), name)
+
+    async def _send_probe(self, token: str) -> None:
+        await self._call(self.client.publish(self.channel, token), "PUBLISH")
+
+    @asynccontextmanager
+    async def _subscribe(self) -> AsyncIterator[Any]:
+        client = self.client
+        async with client.pubsub(
+            channels=[self.channel], ignore_subscribe_messages=True, retry_policy=None
+        ) as pubsub:
+            yield pubsub
+
+    def _fire(self, queues: Sequence[str]) -> None:
+        if queues and self.wake is not None:
+            self.wake.fire(list(queues))
+
+    # ------------------------------------------------------------------ enqueue
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        self.client  # noqa: B018 — refuse a closed driver before any work
+        out: list[EnqueueResult] = []
+        ready: set[str] = set()
+        now = self.now()
+        for start in range(0, len(requests), ENQUEUE_CHUNK):
+            chunk = requests[start : start + ENQUEUE_CHUNK]
+            args = [str(len(chunk))]
+            for r in chunk:
+                args.extend(_request_row(r))
+            reply = await self._script("enqueue", args)
+            for r, (found_id, found_run, deduped) in zip(chunk, reply, strict=True):
+                out.append(EnqueueResult(_s(found_id), _s(found_run), bool(int(deduped))))
+                if not int(deduped) and not r.delay and (r.run_at is None or r.run_at <= now):
+                    ready.add(r.queue)
+        self._fire(sorted(ready))
+        return out
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_RedisTx]:
+        self.client  # noqa: B018
+        tx = _RedisTx(self)
+        yield tx
+        await tx.commit()
+
+    # ------------------------------------------------------------------ claim
+
+    async def claim(self, options: ClaimOptions) -> ClaimResult:
+        drops = sorted(options.drop_names)
+        args = [
+            options.worker_id,
+            repr(float(options.visibility_timeout)),
+            _LAPSE_MESSAGE,
+            str(len(drops)),
+            *drops,
+        ]
+        for queue, take in options.queues.items():
+            args.extend([queue, str(int(take))])
+        taken, buried = await self._script("claim", args)
+        jobs = []
+        for r in taken:
+            actor = _s(r[15])
+            trace = _s(r[16])
+            jobs.append(
+                ClaimedJob(
+                    id=_s(r[0]),
+                    run_id=_s(r[1]),
+                    name=_s(r[2]),
+                    queue=_s(r[3]),
+                    payload=loads(_s(r[4])),
+                    tenant_id=_s(r[5]) if r[5] is not None else None,
+                    idempotency_key=_s(r[6]),
+                    concurrency_key=_s(r[7]) if r[7] is not None else None,
+                    attempt=int(r[8]),
+                    max_attempts=int(_s(r[9])),
+                    fence=Fence(_s(r[10]), int(r[11])),
+                    created_at=float(_s(r[12])),
+                    run_at=float(_s(r[13])),
+                    lease_expires_at=float(_s(r[14])),
+                    actor=loads(actor) if actor else None,
+                    trace_context=loads(trace) if trace else None,
+                    promoted=_s(r[17]) == "1",
+                    lapsed=_s(r[18]) == "1",
+                    steps=_steps_from(r[19]),
+                )
+            )
+        exhausted = [
+            Exhausted(
+                id=_s(b[0]),
+                run_id=_s(b[1]),
+                name=_s(b[2]),
+                queue=_s(b[3]),
+                payload=loads(_s(b[4])),
+                tenant_id=_s(b[5]) if b[5] is not None else None,
+                state="failed" if _s(b[6]) == "failed" else "dead",
+                error_code=_s(b[7]),
+                last_error=_s(b[8]),
+            )
+            for b in buried
+        ]
+        return ClaimResult(jobs=jobs, exhausted=exhausted)
+
+    # ------------------------------------------------------------------ settle
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        landed = await self._script(
+            "ack",
+            [
+                job_id,
+                options.fence.worker_id,
+                str(int(options.fence.claim)),
+                _json_opt(options.result),
+                _progress_opt(options.progress),
+                _num(options.duration),
+            ],
+        )
+        return bool(int(landed))
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool:
+        set_err = options.error_code is not None or options.last_error is not None
+        landed = await self._script(
+            "nack",
+            [
+                job_id,
+                options.fence.worker_id,
+                str(int(options.fence.claim)),
+                options.state,
+                "1" if options.counted else "0",
+                "" if options.max_attempts is None else f"={int(options.max_attempts)}",
+                _progress_opt(options.progress),
+                "1" if set_err else "0",
+                _opt(options.error_code),
+                _opt(options.last_error),
+                _num(options.run_at),
+                _num(options.delay),
+                _opt(options.waiting_event),
+                _num(options.duration),
+            ],
+        )
+        if not int(landed[0]):
+            return False
+        if int(landed[2]):
+            self._fire([_s(landed[1])])  # due now: this process's waiters need no round trip
+        return True
+
+    async def heartbeat(
+        self, requests: Sequence[HeartbeatRequest], visibility_timeout: float
+    ) -> list[str]:
+        if not requests:
+            self.client  # noqa: B018 — a closed driver refuses even an empty call
+            return []
+        args = [repr(float(visibility_timeout)), str(len(requests))]
+        for r in requests:
+            args.extend(
+                [r.job_id, r.fence.worker_id, str(int(r.fence.claim)), _progress_opt(r.progress)]
+            )
+        reply = await self._script("heartbeat", args)
+        return [_s(x) for x in reply]
+
+    async def stats(self) -> list[QueueStats]:
+        reply = await self._script("stats", [])
+        out = []
+        for row in reply:
+            queue = _s(row[0])
+            counts = {k: int(v) for k, v in _pairs(row[1]).items()}
+            rest = row[2:]
+            for i in range(0, len(rest), 2):
+                counts[_s(rest[i])] = int(rest[i + 1])
+            fields = {k: max(0, v) for k, v in counts.items() if v}
+            if fields:
+                out.append(QueueStats(queue=queue, **fields))
+        out.sort(key=lambda s: s.queue)
+        return out
+
+    # ------------------------------------------------------------------ queue pauses, counters
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop every worker claiming from ``queue`` (from each one's next claim);
+        enqueues still land. Redis-only: the driver has no operator surface."""
+        await self._call(self.client.sadd(f"{self.prefix}:paused", [queue]), "SADD")
+
+    async def resume_queue(self, queue: str) -> None:
+        """Let workers claim from ``queue`` again, and announce it."""
+        await self._call(self.client.srem(f"{self.prefix}:paused", [queue]), "SREM")
+        await self._call(self.client.publish(self.channel, queue), "PUBLISH")
+        self._fire([queue])
+
+    async def paused_queues(self) -> list[str]:
+        """The paused queues, sorted."""
+        members = await self._call(self.client.smembers(f"{self.prefix}:paused"), "SMEMBERS")
+        return sorted(_s(m) for m in members)
+
+    async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
+        """History per job name in one-minute buckets at or after ``since`` (kept
+        31 days), moved by the settling scripts themselves."""
+        reply = await self._script("counters", [name or "", _score(since)])
+        merged: dict[tuple[float, str], list[float]] = {}
+        for bucket, flat in reply:
+            for field, value in _pairs(flat).items():
+                job, _, what = field.rpartition("\n")
+                if name is not None and job != name:
+                    continue
+                cell = merged.setdefault((float(_s(bucket)), job), [0, 0, 0, 0, 0.0])
+                index = ("done", "retried", "failed", "dead", "duration").index(what)
+                cell[index] += float(value)
+        return [
+            CounterRow(b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4])
+            for (b, n), c in sorted(merged.items())
+        ]
+
+
+class _RedisTx:
+    """A driver-side transaction, MULTI-like: enqueues and publishes are
+    buffered and applied together by one script on commit.
+
+    Each staged enqueue is answered at once: inputs sharing a key with an
+    earlier one in the transaction are that row, deduped; the others are asked
+    of the server (a read-only script) and dedupe onto a live holder there.
+    At commit the rows answered as new are written, and the events published,
+    in one script; if another enqueue took one of their keys in between, nothing
+    is applied and the commit raises ``X_INVARIANT`` (retry the transaction)."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+        self._rows: list[EnqueueRequest] = []
+        self._keys: dict[str, EnqueueResult] = {}
+        self._events: list[tuple[str, str]] = []
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        out: list[EnqueueResult | None] = [None] * len(requests)
+        ask: list[int] = []
+        firsts: dict[str, int] = {}
+        for i, r in enumerate(requests):
+            lf = live_field(r.name, r.tenant_id, r.idempotency_key)
+            staged = self._keys.get(lf)
+            if staged is not None:
+                out[i] = EnqueueResult(staged.id, staged.run_id, True)
+            elif lf in firsts:
+                continue
+            else:
+                firsts[lf] = i
+                ask.append(i)
+        for start in range(0, len(ask), ENQUEUE_CHUNK):
+            chunk = ask[start : start + ENQUEUE_CHUNK]
+            args = [str(len(chunk))]
+            for i in chunk:
+                r = requests[i]
+                args.extend([live_field(r.name, r.tenant_id, r.idempotency_key), r.id])
+            reply = await self._d._script("peek", args)
+            for i, found in zip(chunk, reply, strict=True):
+                r = requests[i]
+                lf = live_field(r.name, r.tenant_id, r.idempotency_key)
+                if found:
+                    result = EnqueueResult(_s(found[0]), _s(found[1]), True)
+                else:
+                    result = EnqueueResult(r.id, r.run_id, False)
+                    self._rows.append(r)
+                self._keys[lf] = EnqueueResult(result.id, result.run_id, True)
+                out[i] = result
+        for i, r in enumerate(requests):
+            if out[i] is None:
+                first = self._keys[live_field(r.name, r.tenant_id, r.idempotency_key)]
+                out[i] = EnqueueResult(first.id, first.run_id, True)
+        return [r for r in out if r is not None]
+
+    async def publish(self, name: str, payload: Any) -> None:
+        self._events.append((name, _json(payload)))
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "the Redis driver runs no SQL; keep app writes in the app's database and "
+            "stage jobs through an outbox (open_jobs(..., outbox=...)) for atomicity with them",
+        )
+
+    async def commit(self) -> None:
+        if not self._rows and not self._events:
+            return
+        args = [str(len(self._rows))]
+        for r in self._rows:
+            args.extend(_request_row(r))
+        args.append(str(len(self._events)))
+        for name, payload in self._events:
+            args.extend([name, payload])
+        reply = await self._d._script("commit", args)
+        if isinstance(reply, str | bytes) and _s(reply) == "conflict":
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                "another enqueue took an idempotency key this transaction staged, between "
+                "the staging and the commit; nothing of the transaction was applied — retry it",
+            )
+        self._d._fire([_s(q) for q in reply])
+
+
+class _RedisSteps:
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+
+    async def load(self, job_id: str) -> list[StepRecord]:
+        d = self._d
+        flat = await d._call(d.client.hgetall(f"{d.prefix}:steps:{job_id}"), "HGETALL")
+        items: list[Any] = []
+        for k, v in flat.items():
+            items.extend([k, v])
+        return _steps_from(items)
+
+    async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        landed = await self._d._script(
+            "step_put",
+            [
+                job_id,
+                fence.worker_id,
+                str(int(fence.claim)),
+                record.name,
+                str(int(record.seq)),
+                _step_body(record),
+            ],
+        )
+        return bool(int(landed))
+
+
+class _RedisEvents:
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+
+    async def publish(self, name: str, payload: Any) -> None:
+        woke = await self._d._script("publish", [name, _json(payload)])
+        self._d._fire([_s(q) for q in woke])
+
+    async def poll(self, name: str, since: float) -> tuple[list[EventRecord], float]:
+        now, flat = await self._d._script("poll", [name, _score(since)])
+        found = []
+        for i in range(0, len(flat), 2):
+            eid, _, body = _s(flat[i]).partition("\n")
+            found.append(EventRecord(int(eid), name, loads(body), float(_s(flat[i + 1]))))
+        found.sort(key=lambda e: e.id)
+        return found, float(_s(now))
+
+
+class _RedisLeases:
+    """Fleet-wide slot counting: one key per held slot, written by a script that
+    checks every slot of the lease key at once. A slot is free when unset or
+    when its holder's expiry (in the value, on the server's clock) has passed;
+    the key's own TTL only collects garbage."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+
+    async def acquire(
+        self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
+    ) -> LeaseGrant:
+        slot, own = await self._d._script(
+            "lease_acquire",
+            [lease_key, str(int(limit)), job_id, fence.worker_id, str(int(fence.claim)), repr(ttl)],
+        )
+        if int(slot) < 0:
+            return LeaseGrant(slot=None, own=bool(int(own)))
+        return LeaseGrant(slot=int(slot))
+
+    async def release(self, job_id: str) -> None:
+        await self._d._script("lease_release", [job_id])
+
+    async def held(self, lease_key: str) -> int:
+        return int(await self._d._script("lease_held", [lease_key]))
+
+
+__all__ += ["live_field", "unavailable"]

@@ -1,0 +1,578 @@
+-- The Redis driver's scripts: every multi-key change is one of these, atomic by
+-- itself (Redis runs a script to the end before any other command).
+--
+-- Each named script starts at a `-- name:` line and runs to the next one; the
+-- `prelude` is prepended to every other script. Every script takes the same
+-- four leading arguments: ARGV[1] the key prefix, ARGV[2] a test clock's now
+-- ('' in production: the server's own TIME decides), ARGV[3] / ARGV[4] how long
+-- a done / a dead, failed or cancelled row is kept (seconds). Its own arguments
+-- start at ARGV[A]. Times are float seconds, kept in hashes as '%.6f' strings
+-- (a Lua number returned to Redis would be truncated to an integer).
+--
+-- Keys (P is the prefix):
+--   P:schema                 the key-schema version
+--   P:job:<id>               a row (hash)
+--   P:steps:<id>             its step records: name -> '<seq>\n<json>'
+--   P:live                   hash: live key (name, tenant, idempotency key) -> id
+--   P:ready:<queue>          due rows: score = priority, member = '<run_at ms><seq><id>'
+--                            (equal scores sort by member: oldest due first)
+--   P:sched:<queue>          rows not yet due: score = run_at, member = id
+--   P:running                claimed rows: score = lease expiry, member = id
+--   P:queues                 every queue seen; P:count:<queue> live rows per state
+--   P:term:<queue>:<state>   terminal rows: score = when the row expires, member = id
+--   P:waiting:<event>        suspended rows waiting for an event
+--   P:events:<event>         score = published_at, member = '<event id>\n<payload>'
+--   P:paused                 paused queues
+--   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n)
+--   P:lease:<key>:<slot>     a held concurrency slot: 'job\nworker\nclaim\nexpires'
+--   P:lslots:<key>, P:jl:<id>  the slots of one lease key / held by one job
+--   P:wake                   the pub/sub channel; the message is a queue name
+
+-- name: prelude
+local P = ARGV[1]
+local NOW
+if ARGV[2] ~= '' then
+  NOW = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local DONE_TTL = tonumber(ARGV[3])
+local DEAD_TTL = tonumber(ARGV[4])
+local A = 5
+
+local LIVE = {ready = true, delayed = true, running = true, suspended = true}
+local WAITING = {ready = true, delayed = true, suspended = true}
+local COUNTER_TTL = 31 * 86400
+
+local function fmt(x)
+  return string.format('%.6f', x)
+end
+
+local function jobkey(id)
+  return P .. ':job:' .. id
+end
+
+-- An optional argument: '' is none, anything else is '=' .. value.
+local function opt(v)
+  if v == nil or v == '' then
+    return nil
+  end
+  return string.sub(v, 2)
+end
+
+local function count(q, st, d)
+  redis.call('HINCRBY', P .. ':count:' .. q, st, d)
+end
+
+local function set_state(jk, q, old, new)
+  if old ~= new then
+    if LIVE[old] then count(q, old, -1) end
+    if LIVE[new] then count(q, new, 1) end
+  end
+  redis.call('HSET', jk, 'st', new)
+end
+
+local function to_ready(jk, id, q, prio, run_at, seq)
+  local m = string.format('%015d%012d', math.floor(run_at * 1000), seq) .. id
+  redis.call('ZADD', P .. ':ready:' .. q, prio, m)
+  redis.call('HSET', jk, 'rm', m)
+end
+
+-- A live, not-running row: where the claim will find it.
+local function index(jk, id, q)
+  local f = redis.call('HMGET', jk, 'prio', 'run', 'seq')
+  local run_at = tonumber(f[2])
+  if run_at <= NOW then
+    to_ready(jk, id, q, tonumber(f[1]), run_at, tonumber(f[3]))
+  else
+    redis.call('ZADD', P .. ':sched:' .. q, run_at, id)
+  end
+end
+
+local function free_key(jk, id)
+  local lf = redis.call('HGET', jk, 'lf')
+  if lf and redis.call('HGET', P .. ':live', lf) == id then
+    redis.call('HDEL', P .. ':live', lf)
+  end
+end
+
+local function parse_lease(v)
+  if not v then return nil end
+  local j, w, c, e = string.match(v, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+  return j, w, c, tonumber(e)
+end
+
+local function release_leases(id)
+  local jl = P .. ':jl:' .. id
+  for _, sk in ipairs(redis.call('SMEMBERS', jl)) do
+    local j = parse_lease(redis.call('GET', sk))
+    if j == id then
+      redis.call('DEL', sk)
+    end
+  end
+  redis.call('DEL', jl)
+end
+
+local function bump(name, field, duration)
+  local bucket = math.floor(NOW / 60) * 60
+  local ck = P .. ':cnt:' .. string.format('%d', bucket)
+  redis.call('HINCRBY', ck, name .. '\n' .. field, 1)
+  if duration and duration ~= '' then
+    redis.call('HINCRBYFLOAT', ck, name .. '\nduration', tonumber(duration))
+  end
+  redis.call('EXPIRE', ck, COUNTER_TTL)
+  redis.call('ZADD', P .. ':cnt', bucket, string.format('%d', bucket))
+  redis.call('ZREMRANGEBYSCORE', P .. ':cnt', '-inf', '(' .. string.format('%d', bucket - COUNTER_TTL))
+end
+
+-- A row ends: counted out of its live state, indexed for stats until it expires.
+local function terminal(jk, id, q, old, st)
+  set_state(jk, q, old, st)
+  local ttl = st == 'done' and DONE_TTL or DEAD_TTL
+  redis.call('ZADD', P .. ':term:' .. q .. ':' .. st, NOW + ttl, id)
+  redis.call('EXPIRE', jk, math.ceil(ttl))
+  redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(ttl))
+end
+
+-- The claim's holder, while its lease holds.
+local function owned(jk, worker, claim)
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name')
+  if f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW then
+    return f
+  end
+  return nil
+end
+
+-- The row holding an input's live key, or the row already stored under its id
+-- (a republish): {id, run_id}, or nil when the input would be a new row.
+local function holder(lf, id)
+  local held = redis.call('HGET', P .. ':live', lf)
+  if held then
+    local f = redis.call('HMGET', jobkey(held), 'rid', 'st')
+    if f[1] and LIVE[f[2]] then
+      return {held, f[1]}
+    end
+  end
+  local rid = redis.call('HGET', jobkey(id), 'rid')
+  if rid then
+    return {id, rid}
+  end
+  return nil
+end
+
+local ROW = 15
+
+-- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
+local function insert_row(i)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local run_at
+  if run ~= '' then
+    run_at = tonumber(opt(run))
+  else
+    run_at = NOW + (tonumber(opt(delay)) or 0)
+  end
+  local st = 'delayed'
+  if run_at <= NOW then st = 'ready' end
+  local seq = redis.call('INCR', P .. ':seq')
+  local jk = jobkey(id)
+  redis.call('HSET', jk, 'id', id, 'rid', rid, 'name', name, 'q', q, 'pl', pl, 'key', key,
+    'max', mx, 'prio', prio, 'run', fmt(run_at), 'cr', fmt(NOW), 'upd', fmt(NOW), 'seq', seq,
+    'st', st, 'att', 0, 'lf', lf, 'pr', 0, 'lp', 0)
+  if tn ~= '' then redis.call('HSET', jk, 'tn', opt(tn)) end
+  if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) end
+  if ac ~= '' then redis.call('HSET', jk, 'ac', opt(ac)) end
+  if tc ~= '' then redis.call('HSET', jk, 'tc', opt(tc)) end
+  redis.call('HSET', P .. ':live', lf, id)
+  redis.call('SADD', P .. ':queues', q)
+  count(q, st, 1)
+  index(jk, id, q)
+  if st == 'ready' then return q end
+  return nil
+end
+
+-- Store an event and make every run suspended on it due now. Answers the
+-- queues it woke (a set).
+local function publish_event(name, payload, woke)
+  local eid = redis.call('INCR', P .. ':eventid')
+  local ek = P .. ':events:' .. name
+  redis.call('ZADD', ek, NOW, eid .. '\n' .. payload)
+  redis.call('ZREMRANGEBYSCORE', ek, '-inf', '(' .. fmt(NOW - DEAD_TTL))
+  local wk = P .. ':waiting:' .. name
+  for _, id in ipairs(redis.call('SMEMBERS', wk)) do
+    local jk = jobkey(id)
+    local f = redis.call('HMGET', jk, 'st', 'we', 'run', 'q')
+    if f[1] == 'suspended' and f[2] == name then
+      if tonumber(f[3]) > NOW then
+        redis.call('ZREM', P .. ':sched:' .. f[4], id)
+        redis.call('HSET', jk, 'run', fmt(NOW))
+        index(jk, id, f[4])
+        woke[f[4]] = true
+      end
+    else
+      redis.call('SREM', wk, id)
+    end
+  end
+end
+
+local function announce(queues)
+  for q, _ in pairs(queues) do
+    redis.call('PUBLISH', P .. ':wake', q)
+  end
+end
+
+-- name: schema
+-- The key-schema version: set on first use, answered as stored afterwards.
+local cur = redis.call('GET', P .. ':schema')
+if not cur then
+  redis.call('SET', P .. ':schema', ARGV[A])
+  return ARGV[A]
+end
+return cur
+
+-- name: enqueue
+-- Up to 1,000 rows. An input whose live key a live row holds, or whose id is
+-- already a row (a republish), answers that row, deduped; inputs sharing a key
+-- in one call are one row (the first stands for the rest). Answers
+-- {id, run_id, deduped} per input, in order; announces the queues it made due.
+local n = tonumber(ARGV[A])
+local out = {}
+local woke = {}
+local i = A + 1
+for r = 1, n do
+  local found = holder(ARGV[i + ROW - 1], ARGV[i])
+  if found then
+    out[r] = {found[1], found[2], 1}
+  else
+    local q = insert_row(i)
+    if q then woke[q] = true end
+    out[r] = {ARGV[i], ARGV[i + 1], 0}
+  end
+  i = i + ROW
+end
+announce(woke)
+return out
+
+-- name: peek
+-- Read-only: what a staged input would dedupe onto now ({id, run_id} or {}).
+local n = tonumber(ARGV[A])
+local out = {}
+for r = 1, n do
+  local lf, id = ARGV[A + 2 * r - 1], ARGV[A + 2 * r]
+  out[r] = holder(lf, id) or {}
+end
+return out
+
+-- name: commit
+-- A transaction's buffered enqueues (rows it answered as new) and publishes,
+-- applied together. When another enqueue took one of its keys (or ids) since it
+-- was staged, nothing is applied and the script answers 'conflict'.
+local n = tonumber(ARGV[A])
+local i = A + 1
+for r = 1, n do
+  if holder(ARGV[i + ROW - 1], ARGV[i]) then
+    return 'conflict'
+  end
+  i = i + ROW
+end
+local woke = {}
+i = A + 1
+for r = 1, n do
+  local q = insert_row(i)
+  if q then woke[q] = true end
+  i = i + ROW
+end
+local ne = tonumber(ARGV[i])
+for e = 1, ne do
+  publish_event(ARGV[i + 2 * e - 1], ARGV[i + 2 * e], woke)
+end
+announce(woke)
+local qs = {}
+for q, _ in pairs(woke) do qs[#qs + 1] = q end
+return qs
+
+-- name: claim
+-- One pass of a worker. First every running row whose lease lapsed is reaped:
+-- on its final attempt it is buried (dead, or failed for the drop names) and
+-- answered as exhausted; otherwise it is offered again, due at its lapse. Then,
+-- per unpaused queue in the order given, rows that fell due move to the ready
+-- set and up to `take` of them are claimed, best first (priority, run_at, seq),
+-- each with a fresh fence and its step records.
+local worker = ARGV[A]
+local vis = tonumber(ARGV[A + 1])
+local lapse_message = ARGV[A + 2]
+local nd = tonumber(ARGV[A + 3])
+local drop = {}
+for j = 1, nd do drop[ARGV[A + 3 + j]] = true end
+local i = A + 4 + nd
+
+local exhausted = {}
+local lapsed = redis.call('ZRANGEBYSCORE', P .. ':running', '-inf', fmt(NOW), 'LIMIT', 0, 1000)
+for _, id in ipairs(lapsed) do
+  local jk = jobkey(id)
+  redis.call('ZREM', P .. ':running', id)
+  local f = redis.call('HMGET', jk, 'st', 'le', 'att', 'max', 'name', 'q', 'rid', 'pl', 'tn')
+  if f[1] == 'running' and tonumber(f[2]) <= NOW then
+    release_leases(id)
+    local att, mx = tonumber(f[3]), tonumber(f[4])
+    redis.call('HDEL', jk, 'w', 'c')
+    redis.call('HSET', jk, 'upd', fmt(NOW))
+    if att >= mx then
+      local st = 'dead'
+      if drop[f[5]] then st = 'failed' end
+      local msg = string.format(lapse_message, att, mx)
+      redis.call('HSET', jk, 'ec', 'X_JOB_LEASE_LOST', 'em', msg)
+      free_key(jk, id)
+      terminal(jk, id, f[6], 'running', st)
+      bump(f[5], st, nil)
+      exhausted[#exhausted + 1] = {id, f[7], f[5], f[6], f[8], f[9] or false, st, 'X_JOB_LEASE_LOST', msg}
+    else
+      redis.call('HSET', jk, 'run', f[2], 'pr', 0, 'lp', 1)
+      set_state(jk, f[6], 'running', 'ready')
+      index(jk, id, f[6])
+    end
+  end
+end
+
+local taken = {}
+while i <= #ARGV do
+  local q = ARGV[i]
+  local want = tonumber(ARGV[i + 1])
+  i = i + 2
+  if want > 0 and redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+    local sk = P .. ':sched:' .. q
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', sk, '-inf', fmt(NOW), 'LIMIT', 0, 5000)) do
+      redis.call('ZREM', sk, id)
+      local jk = jobkey(id)
+      local f = redis.call('HMGET', jk, 'st', 'prio', 'run', 'seq')
+      if WAITING[f[1]] then
+        to_ready(jk, id, q, tonumber(f[2]), tonumber(f[3]), tonumber(f[4]))
+      end
+    end
+    local rk = P .. ':ready:' .. q
+    while want > 0 do
+      local got = redis.call('ZRANGE', rk, 0, want - 1)
+      if #got == 0 then break end
+      for _, m in ipairs(got) do
+        redis.call('ZREM', rk, m)
+        local id = string.sub(m, 28)
+        local jk = jobkey(id)
+        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp')
+        if WAITING[f[1]] and f[2] == m then
+          want = want - 1
+          local att = tonumber(f[3]) + 1
+          local claim = redis.call('INCR', P .. ':claims')
+          local le = NOW + vis
+          set_state(jk, q, f[1], 'running')
+          redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
+            'upd', fmt(NOW), 'pr', 0, 'lp', 0)
+          redis.call('HDEL', jk, 'rm', 'we')
+          if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
+          redis.call('ZADD', P .. ':running', le, id)
+          local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
+          taken[#taken + 1] = {id, g[1] or false, g[2] or false, q, g[3] or false, g[4] or false,
+            g[5] or false, g[6] or false, att, g[7] or false, worker, claim, g[8] or false,
+            g[9] or false, fmt(le), g[10] or false, g[11] or false, f[5] or '0', f[6] or '0',
+            redis.call('HGETALL', P .. ':steps:' .. id)}
+        end
+      end
+    end
+  end
+end
+return {taken, exhausted}
+
+-- name: ack
+-- The fenced completion: the row ends done with its result; its live key and
+-- concurrency slots are freed and the done counter moves, all here.
+local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
+local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
+local jk = jobkey(id)
+local f = owned(jk, worker, claim)
+if not f then return 0 end
+redis.call('ZREM', P .. ':running', id)
+redis.call('HDEL', jk, 'w', 'c')
+redis.call('HSET', jk, 'upd', fmt(NOW))
+if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
+if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+free_key(jk, id)
+release_leases(id)
+terminal(jk, id, f[5], 'running', 'done')
+bump(f[6], 'done', opt(dur))
+return 1
+
+-- name: nack
+-- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
+-- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
+local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
+local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
+local ec, em, run, delay = ARGV[A + 8], ARGV[A + 9], ARGV[A + 10], ARGV[A + 11]
+local we, dur = ARGV[A + 12], ARGV[A + 13]
+local jk = jobkey(id)
+local f = owned(jk, worker, claim)
+if not f then return {0} end
+local q, name = f[5], f[6]
+redis.call('ZREM', P .. ':running', id)
+redis.call('HDEL', jk, 'w', 'c')
+redis.call('HSET', jk, 'upd', fmt(NOW))
+if counted == '0' then redis.call('HINCRBY', jk, 'att', -1) end
+if mx ~= '' then
+  local cur = tonumber(redis.call('HGET', jk, 'max'))
+  redis.call('HSET', jk, 'max', math.max(cur, tonumber(opt(mx))))
+end
+if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+if set_err == '1' then
+  if ec ~= '' then redis.call('HSET', jk, 'ec', opt(ec)) else redis.call('HDEL', jk, 'ec') end
+  if em ~= '' then redis.call('HSET', jk, 'em', opt(em)) else redis.call('HDEL', jk, 'em') end
+end
+release_leases(id)
+if st == 'dead' or st == 'failed' then
+  free_key(jk, id)
+  terminal(jk, id, q, 'running', st)
+  bump(name, st, opt(dur))
+  return {1, q, 0}
+end
+local run_at
+if run ~= '' then run_at = tonumber(opt(run)) else run_at = NOW + (tonumber(opt(delay)) or 0) end
+redis.call('HSET', jk, 'run', fmt(run_at))
+if we ~= '' then
+  redis.call('HSET', jk, 'we', opt(we))
+  redis.call('SADD', P .. ':waiting:' .. opt(we), id)
+else
+  redis.call('HDEL', jk, 'we')
+end
+set_state(jk, q, 'running', st)
+if counted == '1' then bump(name, 'retried', opt(dur)) end
+index(jk, id, q)
+if run_at <= NOW then
+  redis.call('PUBLISH', P .. ':wake', q)
+  return {1, q, 1}
+end
+return {1, q, 0}
+
+-- name: heartbeat
+-- Renew each held row's lease and its concurrency slots: 'ok', 'lost' (not
+-- ours any more) or 'cancelled', one per request.
+local vis = tonumber(ARGV[A])
+local n = tonumber(ARGV[A + 1])
+local out = {}
+for r = 1, n do
+  local b = A + 2 + (r - 1) * 4
+  local id, worker, claim, pg = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local jk = jobkey(id)
+  if owned(jk, worker, claim) then
+    local le = NOW + vis
+    redis.call('HSET', jk, 'le', fmt(le))
+    redis.call('ZADD', P .. ':running', le, id)
+    if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+    for _, sk in ipairs(redis.call('SMEMBERS', P .. ':jl:' .. id)) do
+      local j, w, c = parse_lease(redis.call('GET', sk))
+      if j == id and w == worker and c == claim then
+        redis.call('SET', sk, id .. '\n' .. worker .. '\n' .. claim .. '\n' .. fmt(le),
+          'PX', math.ceil(math.max(vis * 2, vis + 60) * 1000))
+      end
+    end
+    out[r] = 'ok'
+  else
+    local f = redis.call('HMGET', jk, 'st', 'w')
+    if f[1] == 'cancelled' and not f[2] then out[r] = 'cancelled' else out[r] = 'lost' end
+  end
+end
+return out
+
+-- name: step_put
+-- One step record, only while the fence holds the row; a replaced record keeps
+-- the seq it was first recorded under.
+local id, worker, claim, name, seq, body = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
+if not owned(jobkey(id), worker, claim) then return 0 end
+local sk = P .. ':steps:' .. id
+local old = redis.call('HGET', sk, name)
+if old then
+  seq = string.match(old, '^(%-?%d+)\n') or seq
+end
+redis.call('HSET', sk, name, seq .. '\n' .. body)
+return 1
+
+-- name: publish
+local woke = {}
+publish_event(ARGV[A], ARGV[A + 1], woke)
+announce(woke)
+local qs = {}
+for q, _ in pairs(woke) do qs[#qs + 1] = q end
+return qs
+
+-- name: poll
+-- Events named ARGV[A] published at or after ARGV[A + 1], with the bus's now.
+return {fmt(NOW), redis.call('ZRANGEBYSCORE', P .. ':events:' .. ARGV[A], ARGV[A + 1], '+inf', 'WITHSCORES')}
+
+-- name: stats
+local out = {}
+for _, q in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
+  local row = {q, redis.call('HGETALL', P .. ':count:' .. q)}
+  for _, st in ipairs({'done', 'failed', 'dead', 'cancelled'}) do
+    local tk = P .. ':term:' .. q .. ':' .. st
+    redis.call('ZREMRANGEBYSCORE', tk, '-inf', fmt(NOW))
+    row[#row + 1] = st
+    row[#row + 1] = redis.call('ZCARD', tk)
+  end
+  out[#out + 1] = row
+end
+return out
+
+-- name: lease_acquire
+-- Take a free slot of `key` (one not held, or whose holder's lease expired), or
+-- keep the one this fence already holds. Answers {slot or -1, own}. Fenced
+-- like every write: a claim that lapsed takes no slot.
+local key, limit, job, worker, claim, ttl = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], tonumber(ARGV[A + 5])
+if not owned(jobkey(job), worker, claim) then return {-1, 0} end
+local free = nil
+local holders = {}
+for slot = 0, limit - 1 do
+  local sk = P .. ':lease:' .. key .. ':' .. slot
+  local j, w, c, e = parse_lease(redis.call('GET', sk))
+  if not j or e <= NOW then
+    if not free then free = slot end
+  elseif j == job and w == worker and c == claim then
+    return {slot, 0}
+  else
+    holders[#holders + 1] = j
+  end
+end
+if free then
+  local sk = P .. ':lease:' .. key .. ':' .. free
+  redis.call('SET', sk, job .. '\n' .. worker .. '\n' .. claim .. '\n' .. fmt(NOW + ttl),
+    'PX', math.ceil(math.max(ttl * 2, ttl + 60) * 1000))
+  redis.call('SADD', P .. ':jl:' .. job, sk)
+  redis.call('SADD', P .. ':lslots:' .. key, sk)
+  return {free, 0}
+end
+local own = 1
+for _, j in ipairs(holders) do
+  if j ~= job then own = 0 end
+end
+if #holders == 0 then own = 0 end
+return {-1, own}
+
+-- name: lease_release
+release_leases(ARGV[A])
+return 1
+
+-- name: lease_held
+local n = 0
+local ls = P .. ':lslots:' .. ARGV[A]
+for _, sk in ipairs(redis.call('SMEMBERS', ls)) do
+  local j, w, c, e = parse_lease(redis.call('GET', sk))
+  if not j then
+    redis.call('SREM', ls, sk)
+  elseif e > NOW then
+    n = n + 1
+  end
+end
+return n
+
+-- name: counters
+-- Minute buckets at or after ARGV[A + 1] for job ARGV[A] ('' for every job).
+local out = {}
+for _, b in ipairs(redis.call('ZRANGEBYSCORE', P .. ':cnt', ARGV[A + 1], '+inf')) do
+  out[#out + 1] = {b, redis.call('HGETALL', P .. ':cnt:' .. b)}
+end
+return out

@@ -1,0 +1,240 @@
+"""Structured logs: the events trio-jobs emits, and a JSON-lines renderer for them.
+
+trio-jobs logs through the standard library, on the ``trio_jobs`` logger (and
+its children ``trio_jobs.postgres``, ``trio_jobs.outbox``, ...). Every record's
+message is an event name (``jobs.lease.lost``) and its fields are attributes
+of the record (``record.job_id``); :data:`EVENTS` lists them. A job's event
+carries ``job_id``, ``attempt`` and ``code``; no record ever carries a payload
+value, an idempotency key or an exception's message.
+
+>>> import trio_jobs.logging
+>>> trio_jobs.logging.configure(json=True)      # one JSON object a line, on stderr
+{"ts":"2026-11-29T19:49:11.123Z","level":"error","logger":"trio_jobs","event":"jobs.lease.lost","job_id":"…","attempt":2,"queue":"default","code":"X_JOB_LEASE_LOST","worker_id":"…"}
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from datetime import UTC, datetime
+from typing import IO, Any
+
+import orjson
+
+__all__ = ["EVENTS", "JOB_FIELDS", "JsonFormatter", "TextFormatter", "configure", "fields_of"]
+
+#: The fields every event about one job carries.
+JOB_FIELDS: tuple[str, ...] = ("job_id", "attempt", "code")
+
+#: Every event trio-jobs logs: ``name -> (level, fields, meaning)``. The
+#: events about one job carry :data:`JOB_FIELDS` among their fields.
+EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "jobs.lease.lost": (
+        "error",
+        ("job_id", "attempt", "code", "queue", "worker_id"),
+        "a whole visibility window passed with no renewal landing: another worker may "
+        "now run the job too (also one point on job_leases_lost_total{queue}); alert on any",
+    ),
+    "jobs.heartbeat.failed": (
+        "warning",
+        ("job_id", "attempt", "code", "worker_id", "cause"),
+        "one renewal failed or hung; the window still has room for the next",
+    ),
+    "jobs.timeout.abandoned": (
+        "warning",
+        ("job_id", "attempt", "code", "how"),
+        "a body ignored its abort (timeout, drain, lost lease) and ended anyway; its lease "
+        "lapses and the queue redelivers it",
+    ),
+    "jobs.drain.abandoned": (
+        "warning",
+        ("job_id", "attempt", "code"),
+        "a body still running at the drain deadline; its lease lapses and the attempt counts",
+    ),
+    "jobs.settle.unowned": (
+        "warning",
+        ("job_id", "attempt", "code", "worker_id"),
+        "a settle (ack/nack) did not land: the claim is no longer this worker's",
+    ),
+    "jobs.settle.failed": (
+        "error",
+        ("code", "worker_id"),
+        "the driver failed a settle write (jobs.settle.unowned then names the job)",
+    ),
+    "jobs.claim.exhausted": (
+        "warning",
+        ("job_id", "attempt", "code", "queue", "worker_id"),
+        "a lease lapsed on the row's final attempt: the claim buried it dead (or failed)",
+    ),
+    "jobs.claim.failed": (
+        "warning",
+        ("code", "worker_id"),
+        "a claim statement failed; the worker backs off and polls again",
+    ),
+    "jobs.on_settled.failed": (
+        "error",
+        ("job_id", "attempt", "code", "cause"),
+        "an on_settled hook failed three times (X_JOB_ON_SETTLED_FAILED); the row is untouched",
+    ),
+    "jobs.worker.slot-failed": (
+        "error",
+        ("job_id", "attempt"),
+        "an internal error in a slot (a bug): the job's lease lapses and it is redelivered",
+    ),
+    "jobs.observer.failed": (
+        "warning",
+        ("method", "cause"),
+        "a WorkerObserver (metrics sink) raised; logged once per method, the job is unaffected",
+    ),
+    "jobs.wake.live": (
+        "info",
+        ("channel",),
+        "the LISTEN wake is proven: idle workers poll every 5 s at most",
+    ),
+    "jobs.wake.unverified": (
+        "warning",
+        ("channel", "hint"),
+        "a probe never came back on the LISTEN session (PgBouncer in transaction mode?); "
+        "the 2 s poll ceiling stays",
+    ),
+    "jobs.wake.reconnect": ("warning", ("retry_in",), "the LISTEN session could not connect"),
+    "jobs.wake.lost": ("warning", (), "the LISTEN session dropped; the poll covers the gap"),
+    "jobs.outbox.publish-failed": (
+        "error",
+        (
+            "job_id",
+            "attempt",
+            "code",
+            "row_id",
+            "seq",
+            "attempts",
+            "published",
+            "released",
+            "held_for",
+        ),
+        "the relay could not publish a staged row; it names the poison row and keeps order",
+    ),
+    "jobs.outbox.relay-failed": ("warning", ("code",), "a relay pass failed; it backs off"),
+    "jobs.outbox.purge-failed": ("warning", ("code",), "purging published outbox rows failed"),
+    "jobs.purge.done": ("info", ("removed",), "retention removed expired terminal rows"),
+    "jobs.purge.failed": ("warning", ("code",), "a retention pass failed"),
+    "jobs.purge.unsupported": ("warning", ("driver",), "the driver cannot purge"),
+    "jobs.worker.ready": (
+        "info",
+        ("worker_id", "pid", "queues", "slots", "jobs", "database"),
+        "`trio-jobs worker` is claiming (database: where the DSN came from, never the DSN)",
+    ),
+    "jobs.worker.draining": (
+        "info",
+        ("signal", "in_flight"),
+        "`trio-jobs worker` got SIGTERM/SIGINT: it stops claiming and aborts held jobs",
+    ),
+    "jobs.worker.drained": (
+        "info",
+        ("worker_id", "done", "retried", "dead_lettered", "drained", "abandoned"),
+        "`trio-jobs worker` drained and exits 0",
+    ),
+    "jobs.worker.abandoned": (
+        "warning",
+        ("worker_id", "reason", "in_flight"),
+        "`trio-jobs worker` gave up on held jobs (second signal or drain deadline) and exits 3",
+    ),
+    "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
+    "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
+    "jobs.dashboard.action": (
+        "info",
+        ("action", "job_id", "queue", "client", "code"),
+        "an operator acted from the dashboard (code: the refusal, when refused)",
+    ),
+}
+
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """A record's structured fields: what the call site passed in ``extra``."""
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and k != "event"}
+
+
+def _event(record: logging.LogRecord) -> str:
+    event = record.__dict__.get("event")
+    return event if isinstance(event, str) else record.getMessage()
+
+
+def _frames(record: logging.LogRecord) -> str | None:
+    # The frames and the type, never the message: an exception's text may quote job data.
+    if not record.exc_info or record.exc_info[0] is None:
+        return None
+    etype, _value, tb = record.exc_info
+    return "".join(traceback.format_tb(tb)) + f"{etype.__name__} (message withheld)"
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts``, ``level``, ``logger``, ``event``, then the
+    event's fields. An exception is rendered as its type and frames only."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": _event(record),
+        }
+        for key, value in fields_of(record).items():
+            out.setdefault(key, value)
+        frames = _frames(record)
+        if frames is not None and record.exc_info and record.exc_info[0] is not None:
+            out["exception"] = record.exc_info[0].__name__
+            out["traceback"] = frames
+        return orjson.dumps(out, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """``HH:MM:SS level event key=value ...`` for a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.fromtimestamp(record.created, tz=UTC)
+        fields = " ".join(f"{k}={v}" for k, v in fields_of(record).items())
+        line = f"{moment:%H:%M:%S} {record.levelname.lower():7} {_event(record)}"
+        if fields:
+            line += " " + fields
+        frames = _frames(record)
+        if frames is not None:
+            line += "\n" + frames
+        return line
+
+
+def configure(
+    *,
+    json: bool = True,
+    level: int | str = logging.INFO,
+    stream: IO[str] | None = None,
+    logger: str = "trio_jobs",
+) -> logging.Handler:
+    """Render trio-jobs' events on ``stream`` (stderr by default), as JSON lines
+    (``json=True``) or as text, and answer the handler.
+
+    It configures the ``trio_jobs`` logger only (children included) and stops
+    its records from also reaching the root logger, so they are not printed
+    twice; the rest of the app's logging is untouched. Calling it again
+    replaces the handler it installed.
+    """
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if json else TextFormatter())
+    handler.set_name("trio_jobs.logging")
+    target = logging.getLogger(logger)
+    target.handlers[:] = [h for h in target.handlers if h.get_name() != "trio_jobs.logging"]
+    target.addHandler(handler)
+    target.setLevel(level)
+    target.propagate = False
+    return handler

@@ -1,0 +1,158 @@
+"""Bad input at the step and event doors: every refusal is a JobsError with a
+spec code, and a refused call wrote nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import uuid
+from typing import Any
+
+import attrs
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trio_jobs import JobContext, JobsError, Retry, job, publish_event
+from trio_jobs.testing import open_harness
+
+
+@attrs.frozen
+class In:
+    n: int
+
+
+class Opaque:
+    """An object with no JSON form."""
+
+
+def _cycle() -> list[Any]:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+json_like = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+hostile = st.one_of(
+    json_like,
+    st.builds(Opaque),
+    st.integers(min_value=2**64, max_value=2**80),
+    st.just(math.nan),
+    st.just(math.inf),
+    st.sets(st.integers(), max_size=3),
+    st.binary(max_size=8),
+    st.builds(_cycle),
+    st.tuples(st.integers(), st.text(max_size=4)),
+    st.just(dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)),
+    st.uuids(),
+    st.just(decimal.Decimal("1.5")),
+    st.dictionaries(st.integers(), st.integers(), min_size=1, max_size=2),
+)
+
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@SETTINGS
+@given(value=hostile)
+def test_a_step_output_is_stored_as_json_or_refused_terminal(value: Any) -> None:
+    seen: list[Any] = []
+
+    @job(input=In, idempotency_key=lambda i: f"out:{i.n}", retry=Retry(attempts=3))
+    async def returns(ctx: JobContext[In]) -> None:
+        seen.append(await ctx.step.run("value", lambda: value))
+
+    async def main() -> None:
+        async with open_harness(jobs=[returns]) as h:
+            trace = await h.run(returns, In(1))
+            step = trace.steps["value"]
+            if trace.state == "done":
+                assert step.status == "completed"
+                assert seen == [step.output]  # the first run answers what was stored
+            else:
+                assert trace.state == "dead"
+                assert trace.error_code == "X_STEP_OUTPUT_UNSERIALIZABLE"
+                assert trace.attempts == 1  # terminal: not retried
+                assert step.status == "failed"
+                assert step.output is None  # nothing completed was written
+
+    trio.run(main)
+
+
+@SETTINGS
+@given(payload=hostile)
+def test_an_event_payload_is_published_or_refused_writing_nothing(payload: Any) -> None:
+    async def main() -> None:
+        async with open_harness() as h:
+            events = h.driver.events
+            try:
+                await publish_event("order.paid", payload)
+            except JobsError as exc:
+                assert exc.code == "X_JOB_EVENT_INVALID"
+                found, _now = await events.poll("order.paid", 0.0)
+                assert found == []
+                return
+            found, _now = await events.poll("order.paid", 0.0)
+            assert len(found) == 1
+
+    trio.run(main)
+
+
+@SETTINGS
+@given(
+    name=st.one_of(
+        st.text(max_size=3), st.integers(), st.none(), st.text(min_size=201, max_size=210)
+    )
+)
+def test_an_event_name_is_checked(name: Any) -> None:
+    async def main() -> None:
+        async with open_harness() as h:
+            try:
+                await publish_event(name, {"ok": True})
+            except JobsError as exc:
+                assert exc.code == "X_INVARIANT"
+                assert not isinstance(name, str) or not name or len(name) > 200
+                assert h.driver._events == []
+            else:
+                assert isinstance(name, str)
+                assert 0 < len(name) <= 200
+
+    trio.run(main)
+
+
+@SETTINGS
+@given(payload=json_like)
+def test_a_waiting_step_refuses_a_payload_its_schema_refuses(payload: Any) -> None:
+    @attrs.frozen
+    class Paid:
+        order_id: uuid.UUID
+
+    @job(input=In, idempotency_key=lambda i: f"wait:{i.n}", retry=Retry(attempts=3))
+    async def waits(ctx: JobContext[In]) -> Any:
+        got = await ctx.step.wait_for_event("paid", "order.paid", schema=Paid, timeout="1h")
+        return None if got is None else str(got.order_id)
+
+    async def main() -> None:
+        async with open_harness(jobs=[waits]) as h:
+            trace = await h.run(waits, In(1))
+            assert trace.state == "suspended"
+            await publish_event("order.paid", payload)
+            trace = await h.drain()
+            assert trace is not None
+            assert trace.state == "dead"
+            assert trace.error_code == "X_JOB_EVENT_INVALID"
+            assert trace.attempts == 1
+
+    trio.run(main)

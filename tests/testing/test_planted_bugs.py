@@ -1,0 +1,97 @@
+"""The checkers are checked: each planted bug is caught by simulate_jobs or crash_proof."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from trio_jobs import JobsError
+from trio_jobs._planted import NAMES, planted
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from simulation.scenarios import run_scenario  # noqa: E402
+
+#: Which scenario exposes each bug, and the seeds tried (the first seed that
+#: fails is enough; every seed of the list passes with the bug switched off).
+CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "double-settle": ("concurrent-workers", (1, 2, 3)),
+    "unfenced-settle": ("zombie-workers", tuple(range(1, 9))),
+    "step-rerun": ("concurrent-workers", (1, 2, 3)),
+    "drain-counts": ("drain-under-load", tuple(range(1, 13))),
+    "dedupe-ignores-tenant": ("tenants", (1, 2, 3)),
+    "lease-not-released": ("keyed-concurrency", (1, 2, 3)),
+    "compensation-reversed": ("compensation", (1, 2, 3)),
+    "cancelled-body-writes": ("drain-under-load", tuple(range(1, 13))),
+}
+
+
+def test_every_planted_bug_has_a_catcher() -> None:
+    assert set(CATCHERS) == set(NAMES)
+    assert len(NAMES) >= 8
+    assert importlib.util.find_spec("simulation") is not None
+
+
+async def _first_failure(scenario: str, seeds: tuple[int, ...]) -> JobsError | None:
+    for seed in seeds:
+        try:
+            await run_scenario(scenario, seed)
+        except JobsError as exc:
+            return exc
+    return None
+
+
+@pytest.mark.parametrize("bug", sorted(CATCHERS))
+async def test_the_simulation_catches_the_planted_bug(
+    bug: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL)
+    scenario, seeds = CATCHERS[bug]
+    clean = await _first_failure(scenario, seeds)
+    assert clean is None, f"{scenario} fails with no bug planted: {clean}"
+    with planted(bug):
+        caught = await _first_failure(scenario, seeds)
+    assert caught is not None, f"the planted bug {bug!r} went unnoticed by {scenario}"
+    assert caught.code == "X_SIMULATION_INVARIANT"
+    assert "seed" in caught.message
+
+
+async def test_crash_proof_catches_a_step_rerun() -> None:
+    import attrs
+
+    from trio_jobs import JobContext, Retry, job
+    from trio_jobs.testing import crash_proof
+
+    @attrs.frozen
+    class In:
+        n: int
+
+    effects: dict[str, int] = {}
+
+    def effect(name: str) -> None:
+        effects[name] = effects.get(name, 0) + 1
+
+    @job(input=In, idempotency_key=lambda i: f"k{i.n}", retry=Retry(attempts=3))
+    async def two_steps(ctx: JobContext[In]) -> None:
+        # once steps: a kill inside one surfaces X_STEP_OUTCOME_UNKNOWN, never a double.
+        await ctx.step.run("a", lambda: effect("a"), once=True)
+        await ctx.step.sleep("1m")
+        await ctx.step.run("b", lambda: effect("b"), once=True)
+
+    report = await crash_proof(two_steps, In(1), observe=lambda: dict(effects), reset=effects.clear)
+    assert report.boundaries > 0
+    assert report.unknown_outcomes > 0
+    with planted("step-rerun"), pytest.raises(JobsError) as err:
+        await crash_proof(two_steps, In(1), observe=lambda: dict(effects), reset=effects.clear)
+    assert err.value.code == "X_JOB_CRASH_DIVERGED"
+
+
+def test_planting_an_unknown_bug_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown planted bug"), planted("no-such-bug"):
+        pass
