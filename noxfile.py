@@ -17,8 +17,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "simulation", "benchmarks")
-    session.run("ruff", "format", "--check", "src", "tests", "simulation", "benchmarks")
+    session.run("ruff", "check", "src", "tests", "simulation")
+    session.run("ruff", "format", "--check", "src", "tests", "simulation")
 
 
 @nox.session

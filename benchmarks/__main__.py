@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import trio
 
-from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result
+from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result, profiling
 
 #: Suites with their own command line: ``python -m benchmarks NAME [options]``
 #: calls ``main(options)`` of the module (imported only when asked for).
@@ -130,15 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _profile(name: str, jobs: int, concurrency: int) -> None:
-    """One run of ``name`` under cProfile: the top functions by own time, then by
+    """One run of ``name`` with cProfile on for its timed part only (for
+    ``replay1000``: the replay attempt): the top functions by own time, then by
     cumulative time within trio_jobs. cProfile slows the run several times over,
     so read the shares, not the absolute figures."""
     profiler = cProfile.Profile()
-    profiler.enable()
-    try:
+    with profiling(profiler):
         BENCHMARKS[name](runs=1, jobs=jobs, concurrency=(concurrency,))
-    finally:
-        profiler.disable()
     print(f"\n=== {name} (1 run, concurrency {concurrency}) — by own time ===")
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.strip_dirs().sort_stats("tottime").print_stats(25)

@@ -19,10 +19,12 @@ Nothing here uses a ``MockClock``: the driver follows Trio's real clock.
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import gc
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -81,6 +83,33 @@ async def replay1000(ctx: JobContext[int]) -> int:
     if ctx.attempt == 1:
         raise RuntimeError("first attempt: fail after recording every step")
     return len(REPLAY_NAMES)
+
+
+#: Set by :func:`profiling`: enabled around the timed part of each run only, so a
+#: profile shows the worker at work, not the enqueues that set the run up.
+_profiler: cProfile.Profile | None = None
+
+
+@contextlib.contextmanager
+def profiling(profiler: cProfile.Profile) -> Iterator[None]:
+    """Profile the timed part of every run started inside the block."""
+    global _profiler
+    _profiler = profiler
+    try:
+        yield
+    finally:
+        _profiler = None
+
+
+@contextlib.contextmanager
+def _timed() -> Iterator[None]:
+    if _profiler is not None:
+        _profiler.enable()
+    try:
+        yield
+    finally:
+        if _profiler is not None:
+            _profiler.disable()
 
 
 @attrs.frozen
@@ -153,10 +182,11 @@ async def _throughput_once(handle: Any, n: int, concurrency: int) -> tuple[float
         worker = Worker(jobs, concurrency=concurrency)
         gc.collect()
         async with trio.open_nursery() as nursery:
-            started = time.perf_counter()
-            await nursery.start(worker.run)
-            await settles.done.wait()
-            elapsed = settles.finished_at - started
+            with _timed():
+                started = time.perf_counter()
+                await nursery.start(worker.run)
+                await settles.done.wait()
+                elapsed = settles.finished_at - started
             await worker.drain()
         stats = {s.queue: s for s in await jobs.stats()}
         if stats["default"].done != n:
@@ -244,11 +274,12 @@ class _AttemptTimer:
         return self.settled_at - self.claimed_at
 
 
-async def _attempt(jobs: Jobs, driver: Any, job_id: str) -> float:
+async def _attempt(jobs: Jobs, driver: Any, job_id: str, *, profile: bool = False) -> float:
     timer = _AttemptTimer(driver, job_id)
     gc.collect()
     try:
-        await Worker(jobs, concurrency=8).run_until_quiet()
+        with _timed() if profile else contextlib.nullcontext():
+            await Worker(jobs, concurrency=8).run_until_quiet()
     finally:
         # Take the instruments off (the class's methods show through again):
         # the next attempt gets its own.
@@ -266,7 +297,7 @@ async def _replay_once() -> tuple[float, float]:
         if view.state != "ready" or view.attempts != 1 or len(view.steps) != REPLAY_STEPS:
             raise RuntimeError(f"the recording attempt did not leave {REPLAY_STEPS} steps: {view}")
         await jobs.promote(enqueued.id)  # the retry is due now, not in an hour
-        replay = await _attempt(jobs, driver, enqueued.id)
+        replay = await _attempt(jobs, driver, enqueued.id, profile=True)
         view = await jobs.show(enqueued.id)
         if view.state != "done" or any(s.executions != 1 for s in view.steps):
             raise RuntimeError(f"the replay attempt re-ran a step or did not finish: {view.state}")

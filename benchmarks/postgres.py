@@ -24,7 +24,7 @@ Parts (``--only``), issue 3 item 10:
 ``enqueue``
     A sequential loop of single ``enqueue`` calls beside ``pgbench`` inserting
     one row per transaction into a copy of the jobs table (1 client, prepared),
-    in alternating 2 s slices (the ratio is the median of the slices' pairs);
+    in alternating 1 s slices (the ratio is the median of the slices' pairs);
     and ``enqueue_many`` of 1,000 for all three systems.
 ``pickup``
     An idle trio-jobs worker; another process enqueues one job at a time, 300 ms
@@ -86,15 +86,15 @@ PROCRASTINATE_JOBS = 4_000
 PROCRASTINATE_CHAINS = 1_000
 ENQUEUE_BATCH = 10_000
 
-TJ_CONCURRENCY = (256, 512, 1024)
-TJ_STEP_CONCURRENCY = (256, 512)
-PROCRASTINATE_CONCURRENCY = (8, 32)
+TJ_CONCURRENCY = (512, 1024, 2048)
+TJ_STEP_CONCURRENCY = (128, 256, 512)
+PROCRASTINATE_CONCURRENCY = (4, 16)
 #: (concurrency, batched): graphile-worker's defaults, then its batching
 #: (localQueue.size = concurrency, completeJobBatchDelay = 0).
 GRAPHILE_CONFIGS = ((8, False), (32, False), (32, True), (64, True))
 
-SINGLE_ENQUEUE_SECONDS = 2.0
-SINGLE_ENQUEUE_SLICES = 2
+SINGLE_ENQUEUE_SECONDS = 1.0
+SINGLE_ENQUEUE_SLICES = 4
 PICKUP_SAMPLES = 60
 PICKUP_INTERVAL = 0.3
 IDLE_WARMUP = 10.0
@@ -276,7 +276,13 @@ async def _enqueue_all(handle: Any, n: int) -> None:
 
 
 async def _tj_throughput_once(
-    server: Server, dbname: str, schema: str, handle: Any, n: int, concurrency: int
+    server: Server,
+    dbname: str,
+    schema: str,
+    handle: Any,
+    n: int,
+    concurrency: int,
+    profiler: cProfile.Profile | None = None,
 ) -> float:
     driver = postgres_driver(server.dsn_for(dbname), schema=schema)
     async with open_jobs(driver, jobs=[handle]) as jobs:
@@ -285,12 +291,16 @@ async def _tj_throughput_once(
         settles = _Settles(driver, n)
         worker = Worker(jobs, concurrency=concurrency)
         gc.collect()
+        if profiler is not None:
+            profiler.enable()  # the worker's run only, not the enqueue before it
         async with trio.open_nursery() as nursery:
             started = time.perf_counter()
             await nursery.start(worker.run)
             with trio.fail_after(600):
                 await settles.done.wait()
             elapsed = settles.finished_at - started
+            if profiler is not None:
+                profiler.disable()
             await worker.drain()
         done = sum(s.done for s in await jobs.stats())
         if done != n:
@@ -305,11 +315,11 @@ def tj_throughput(
         if not profile:
             return trio.run(_tj_throughput_once, server, dbname, schema, handle, n, concurrency)
         profiler = cProfile.Profile()
-        profiler.enable()
         try:
-            return trio.run(_tj_throughput_once, server, dbname, schema, handle, n, concurrency)
+            return trio.run(
+                _tj_throughput_once, server, dbname, schema, handle, n, concurrency, profiler
+            )
         finally:
-            profiler.disable()
             _print_profile(profiler, f"{handle.name}, {n:,} jobs, concurrency {concurrency}")
 
 
@@ -318,15 +328,17 @@ async def _tj_migrate(dsn: str, schema: str) -> None:
         pass
 
 
-async def _tj_single_enqueue_once(dsn: str, schema: str, seconds: float) -> float:
+async def _tj_single_enqueue_once(dsn: str, schema: str, seconds: float, base: int) -> float:
+    """Sequential ``enqueue`` calls for ``seconds``; inputs from ``base`` up, so every
+    call inserts a row (a slice reusing another's keys would measure dedupes)."""
     async with open_jobs(postgres_driver(dsn, schema=schema), jobs=[pg_noop]):
         for i in range(20):  # warm the pool and psycopg's prepared statement
-            await pg_noop.enqueue(-1 - i)
+            await pg_noop.enqueue(base + i)
         count = 0
         started = time.perf_counter()
         deadline = started + seconds
         while time.perf_counter() < deadline:
-            await pg_noop.enqueue(count)
+            await pg_noop.enqueue(base + 20 + count)
             count += 1
         return count / (time.perf_counter() - started)
 
@@ -401,49 +413,37 @@ class _StatementCounter:
                 self.statements += 1
             return await conn_execute(conn, *args, **kwargs)
 
-        _bridge._run = counted_run  # type: ignore[assignment]
-        _bridge.TrioConnection.execute = counted_execute  # type: ignore[method-assign]
+        bridge: Any = _bridge
+        bridge._run = counted_run
+        bridge.TrioConnection.execute = counted_execute
         try:
             yield
         finally:
-            _bridge._run = run  # type: ignore[assignment]
-            _bridge.TrioConnection.execute = conn_execute  # type: ignore[method-assign]
+            bridge._run = run
+            bridge.TrioConnection.execute = conn_execute
 
 
 async def _tj_idle_once(
     server: Server, dbname: str, schema: str, warmup: float, window: float
-) -> tuple[float, float, float]:
-    """Answers (statements, claims, registry writes), each per minute.
+) -> tuple[float, dict[str, float]]:
+    """Answers the statements per minute, and the named queries among them.
 
     (The server's own counter, ``pg_stat_database.xact_commit``, is no check here:
     it counts autovacuum's transactions and publishes a backend's counts up to
     10 s late.)"""
     counter = _StatementCounter()
-    claims = 0
-    registry = 0
+    named: dict[str, int] = {}
     with counter.installed():
         driver = postgres_driver(server.dsn_for(dbname), schema=schema)
         async with open_jobs(driver, jobs=[pg_noop]) as jobs:
-            inner_claim = driver.claim
+            inner_fetch = driver._fetch
 
-            async def claim(options: Any) -> Any:
-                nonlocal claims
+            async def fetch(name: str, params: Any) -> Any:
                 if counter.active:
-                    claims += 1
-                return await inner_claim(options)
+                    named[name] = named.get(name, 0) + 1
+                return await inner_fetch(name, params)
 
-            driver.claim = claim  # type: ignore[method-assign]
-            intro = driver.introspect
-            assert intro is not None
-            inner_record = intro.record_worker
-
-            async def record_worker(info: Any, ttl: float) -> None:
-                nonlocal registry
-                if counter.active:
-                    registry += 1
-                await inner_record(info, ttl)
-
-            intro.record_worker = record_worker  # type: ignore[method-assign]
+            driver._fetch = fetch  # type: ignore[method-assign]
             worker = Worker(jobs)
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)
@@ -453,7 +453,7 @@ async def _tj_idle_once(
                 counter.active = False
                 await worker.drain()
     scale = 60.0 / window
-    return counter.statements * scale, claims * scale, registry * scale
+    return counter.statements * scale, {k: v * scale for k, v in sorted(named.items())}
 
 
 # --------------------------------------------------------------------------- pgbench
@@ -714,7 +714,7 @@ class Bench:
                             schema,
                             workload="chain3",
                             jobs=PROCRASTINATE_CHAINS,
-                            concurrency=32,
+                            concurrency=16,
                         )
                     pq.append(float(out["rate"]))
                     self.log(f"procrastinate chain3: {out['rate']:,.0f} workflows/s")
@@ -734,8 +734,8 @@ class Bench:
                 Sample(
                     "procrastinate",
                     "steps3",
-                    f"chain of 3 tasks, concurrency 32, {PROCRASTINATE_CHAINS:,} chains",
-                    "jobs/s",
+                    f"chain of 3 tasks, concurrency 16, {PROCRASTINATE_CHAINS:,} chains",
+                    "chains/s",
                     pq,
                     note="no durable steps: a chain of three deferred tasks",
                 )
@@ -757,13 +757,14 @@ class Bench:
                         f'CREATE TABLE "{schema}".pgbench_jobs '
                         f'(LIKE "{schema}".trio_jobs_jobs INCLUDING ALL)',
                     )
-                    for _slice in range(SINGLE_ENQUEUE_SLICES):
+                    for k in range(SINGLE_ENQUEUE_SLICES):
                         tj.append(
                             trio.run(
                                 _tj_single_enqueue_once,
                                 self.server.dsn_for(db),
                                 schema,
                                 SINGLE_ENQUEUE_SECONDS,
+                                k * 10_000_000,
                             )
                         )
                         bench.append(
@@ -865,21 +866,19 @@ class Bench:
 
     def idle(self) -> None:
         with self.server.database("idle") as db, self.server.schema(db, "tj") as schema:
-            statements, claims, registry = trio.run(
+            statements, named = trio.run(
                 _tj_idle_once, self.server, db, schema, IDLE_WARMUP, IDLE_WINDOW
             )
         window = f"{IDLE_WINDOW:.0f} s window after {IDLE_WARMUP:.0f} s idle, x{60 / IDLE_WINDOW:g}"
-        self.add(
-            Sample("trio-jobs", "idle", f"statements at the bridge, {window}", "/min", [statements])
-        )
-        self.add(Sample("trio-jobs", "idle-claims", f"of which claims, {window}", "/min", [claims]))
+        by_name = ", ".join(f"{k} {v:.0f}" for k, v in named.items()) or "none"
         self.add(
             Sample(
                 "trio-jobs",
-                "idle-registry",
-                f"of which worker-registry writes (record_worker), {window}",
+                "idle",
+                f"statements at the bridge, {window}",
                 "/min",
-                [registry],
+                [statements],
+                note=by_name,
             )
         )
 
@@ -925,8 +924,6 @@ def report(bench: Bench) -> str:
     gw_many = _pick(s, "graphile-worker", "enqueue_many")
     pickup = _pick(s, "trio-jobs", "pickup")
     idle = _pick(s, "trio-jobs", "idle")
-    idle_registry = _pick(s, "trio-jobs", "idle-registry")
-    idle_claims = _pick(s, "trio-jobs", "idle-claims")
 
     enq_ratio = _pick(s, "trio-jobs", "enqueue-ratio")
 
@@ -977,9 +974,7 @@ def report(bench: Bench) -> str:
         )
     if idle:
         ok = idle.median <= 12
-        extra = ""
-        if idle_registry and idle_claims:
-            extra = f" ({idle_claims.median:.0f} claims, {idle_registry.median:.0f} worker-registry writes)"
+        extra = f" ({idle.note})" if idle.note else ""
         rows.append(
             f"| statements an idle worker issues | {idle.median:.0f} /min{extra} | — | — | "
             f"≤ 12 /min | — | {_verdict(ok)} |"
@@ -1030,6 +1025,12 @@ def _print_profile(profiler: cProfile.Profile, title: str) -> None:
         total += tottime
         if "epoll" in func or "select.poll" in func:
             area = "waiting in epoll (idle: the database or the network)"
+        elif "/opentelemetry/" in filename or filename.endswith("/trio_jobs/_tracing.py"):
+            area = "OpenTelemetry spans (trio_jobs._tracing, opentelemetry-api)"
+        elif filename == "<frozen os>":
+            area = "os.environ lookups (opentelemetry's get_tracer, per job)"
+        elif filename.endswith("contextlib.py"):
+            area = "contextlib (@contextmanager: spans, scopes)"
         elif "/trio_jobs/drivers/postgres/" in filename:
             area = "trio_jobs.drivers.postgres"
         elif "/trio_jobs/" in filename:
@@ -1085,8 +1086,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     if args.profile:
         with server.database("profile") as db:
-            tj_throughput(server, db, pg_noop, NOOP_JOBS, TJ_CONCURRENCY[-1], profile=True)
-            tj_throughput(server, db, pg_steps3, STEP_JOBS, TJ_STEP_CONCURRENCY[0], profile=True)
+            tj_throughput(server, db, pg_noop, NOOP_JOBS, 1024, profile=True)
+            tj_throughput(server, db, pg_steps3, STEP_JOBS, 256, profile=True)
         return 0
     if "procrastinate" in systems:
         bench.procrastinate.install()

@@ -352,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 async def _server_info(url: str) -> str:
     import coredis
 
@@ -363,7 +367,7 @@ async def _server_info(url: str) -> str:
     return (
         f"Redis {server.get('redis_version')!s} on loopback, "
         f"appendonly={'yes' if persistence.get('aof_enabled') else 'no'}, "
-        f"appendfsync={str(save.get('appendfsync'))}, save={save.get('save')!r}"
+        f"appendfsync={_text(save.get('appendfsync'))}, save={save.get('save')!r}"
     )
 
 

@@ -534,6 +534,7 @@ async def enqueue_inputs(
                 delay=delay_s,
                 actor=actor_obj.to_json() if actor_obj is not None else None,
                 trace_context=trace_context,
+                sensitive=handle.sensitive,
             )
         )
     if not requests:

@@ -34,7 +34,7 @@ from ._context import (
     _call,
     _describe,
 )
-from ._declare import Job
+from ._declare import Job, Retry
 from ._facade import Actor, Jobs
 from ._observe import WorkerObserver
 from ._retry import backoff_delay, retry_after_delay
@@ -91,9 +91,11 @@ class _Held:
         "handle",
         "last_landed",
         "lost",
+        "lost_while_settling",
         "outcome",
         "pending",
         "settled",
+        "settling",
         "state",
     )
 
@@ -106,6 +108,9 @@ class _Held:
         # Its settle landed: the row is no longer this slot's to renew (on_settled may
         # still be running in it).
         self.settled = False
+        # A settle is in flight: a heartbeat's `lost` may only mean it landed.
+        self.settling = False
+        self.lost_while_settling = False
         self.last_landed = now
         self.handle: Job[Any, Any] | None = None
         # An abort that came before the run state existed; applied when it does.
@@ -153,6 +158,14 @@ _OUTCOME = {
     "drained": "drained",
     "abandoned": "abandoned",
     "leases_lost": "lease-lost",
+}
+
+
+#: Endings worth a log line of their own: a retry, and a run that failed for good.
+_ENDINGS = {
+    "retried": (logging.INFO, "jobs.attempt.retried"),
+    "dead_lettered": (logging.WARNING, "jobs.job.dead-lettered"),
+    "failed": (logging.WARNING, "jobs.job.failed"),
 }
 
 
@@ -664,6 +677,11 @@ class Worker:
                 held.last_landed = landed
             elif status == HeartbeatStatus.CANCELLED:
                 held.abort(ErrorCode.X_ABORTED, "an operator cancelled the job")
+            elif held.settling:
+                # This worker's settle of the row is in flight and may have just
+                # landed (the row is then no longer running): the settle's own
+                # answer decides, in _settle_write.
+                held.lost_while_settling = True
             else:
                 self._lease_lost(held)
 
@@ -853,7 +871,8 @@ class Worker:
                 AckOptions(
                     fence=claimed.fence, result=output, duration=duration, progress=state.progress
                 ),
-            )
+            ),
+            held,
         )
         if landed and _planted.active("double-settle"):
             await self._settle_write(self.driver.ack(claimed.id, AckOptions(fence=claimed.fence)))
@@ -909,7 +928,8 @@ class Worker:
                         error_code=ErrorCode.X_JOB_KEY_BUSY,
                         last_error=message,
                     ),
-                )
+                ),
+                held,
             )
             if landed:
                 held.settled = True
@@ -1037,14 +1057,23 @@ class Worker:
 
     # ------------------------------------------------------------------ settling
 
-    async def _settle_write(self, call: Any) -> bool:
-        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
-            try:
-                return bool(await call)
-            except JobsError as exc:
-                _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
-                return False
-        return False
+    async def _settle_write(self, call: Any, held: _Held | None = None) -> bool:
+        landed = False
+        if held is not None:
+            held.settling = True
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+                try:
+                    landed = bool(await call)
+                except JobsError as exc:
+                    _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
+        finally:
+            if held is not None:
+                held.settling = False
+        if held is not None and not landed and held.lost_while_settling:
+            # The heartbeat's `lost` was the truth: the row was not ours to settle.
+            self._lease_lost(held)
+        return landed
 
     def _count(
         self,
@@ -1065,6 +1094,19 @@ class Worker:
             self._observer.lease_lost(queue, name)
         else:
             self._observer.attempt_ended(queue, name, _OUTCOME[key])
+        logged = _ENDINGS.get(key)
+        if held is not None and logged is not None:
+            _log(
+                logged[0],
+                logged[1],
+                job_id=held.claimed.id,
+                attempt=held.claimed.attempt,
+                # a run that spent its attempts on errors without a code died of that
+                code=code if code is not None or key == "retried" else ErrorCode.X_JOB_MAX_ATTEMPTS,
+                queue=queue,
+                job=name,
+                worker_id=self.id,
+            )
 
     def _unowned(self, held: _Held) -> None:
         if held.outcome is None:
@@ -1079,7 +1121,7 @@ class Worker:
         )
 
     async def _nack(self, held: _Held, options: NackOptions) -> bool:
-        landed = await self._settle_write(self.driver.nack(held.claimed.id, options))
+        landed = await self._settle_write(self.driver.nack(held.claimed.id, options), held)
         held.settled = held.settled or landed
         if not landed:
             self._unowned(held)
@@ -1131,7 +1173,8 @@ class Worker:
                 # the ordinary backoff.
                 delay = backoff_delay(retry, claimed.attempt, self._jitter)
             else:
-                delay = self.poll_interval
+                # No handle here (a job this worker does not know): the default backoff.
+                delay = backoff_delay(Retry(), claimed.attempt, self._jitter)
             if await self._nack(
                 held,
                 NackOptions(
@@ -1240,7 +1283,11 @@ class Worker:
                 state,
             )
             return
-        order = state.compensators if _planted.active("compensation-reversed") else reversed(state.compensators)
+        order = (
+            state.compensators
+            if _planted.active("compensation-reversed")
+            else reversed(state.compensators)
+        )
         for comp in order:
             cname = COMPENSATE_PREFIX + comp.step
             crec = state.records.get(cname)

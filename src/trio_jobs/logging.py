@@ -67,6 +67,23 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("job_id", "attempt", "code", "queue", "worker_id"),
         "a lease lapsed on the row's final attempt: the claim buried it dead (or failed)",
     ),
+    "jobs.attempt.retried": (
+        "info",
+        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        "an attempt failed and the run goes back to the queue after its backoff (code: the "
+        "failure's X_* code, null for an exception without one)",
+    ),
+    "jobs.job.dead-lettered": (
+        "warning",
+        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        "a run failed for good and is dead-lettered (X_JOB_MAX_ATTEMPTS when its last "
+        "error had no code); `trio-jobs show ID`, then `trio-jobs retry ID`",
+    ),
+    "jobs.job.failed": (
+        "warning",
+        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        "a run ended failed: dropped (dead_letter=False) or refused (X_JOB_KEY_BUSY)",
+    ),
     "jobs.claim.failed": (
         "warning",
         ("code", "worker_id"),

@@ -104,3 +104,19 @@ async def test_first_workflow_retries_only_the_failed_step(autojump_clock: Any) 
 
 async def test_first_workflow_compensates_an_unconfirmed_order(autojump_clock: Any) -> None:
     await load("first_workflow.py").test_an_unconfirmed_order_is_refunded()
+
+
+# ---------------------------------------------------------------------- reference
+
+
+def test_the_api_reference_is_generated_from_the_current_docstrings() -> None:
+    spec = importlib.util.spec_from_file_location("_docs_gen_reference", DOCS / "gen_reference.py")
+    assert spec is not None
+    assert spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    committed = (DOCS / "reference" / "api.md").read_text(encoding="utf-8")
+    assert committed == gen.render(), (
+        "docs/reference/api.md is stale: run python docs/gen_reference.py"
+    )
+    assert "(no docstring)" not in committed

@@ -15,10 +15,10 @@ import attrs
 import orjson
 import pytest
 import trio
-from jobs_support import jobs_on_memory, running_worker, wait_for, wait_state
 
 import trio_jobs.logging as tj_logging
-from trio_jobs import JobContext, Retry, Worker, job, memory_driver, open_jobs
+from jobs_support import jobs_on_memory, running_worker, wait_for, wait_state
+from trio_jobs import JobContext, Retry, Worker, job, open_jobs
 from trio_jobs.drivers import ClaimOptions, EnqueueRequest, EnqueueResult
 from trio_jobs.drivers.memory import MemoryDriver
 from trio_jobs.errors import ErrorCode, JobsError
@@ -46,7 +46,9 @@ def check_event(record: logging.LogRecord, job_id: str | None = None) -> dict[st
     level, catalogued, _meaning = tj_logging.EVENTS[event]
     assert record.levelname.lower() == level
     fields = tj_logging.fields_of(record)
-    assert set(fields) <= set(catalogued), f"{event}: fields not catalogued: {set(fields) - set(catalogued)}"
+    assert set(fields) <= set(catalogued), (
+        f"{event}: fields not catalogued: {set(fields) - set(catalogued)}"
+    )
     if set(tj_logging.JOB_FIELDS) <= set(catalogued):
         for name in tj_logging.JOB_FIELDS:
             assert fields.get(name) is not None, f"{event} lacks {name}: {fields}"
@@ -266,7 +268,9 @@ async def test_outbox_publish_failed_names_the_job_never_its_payload(caplog: Any
         idempotency_key=f"charge:{SECRET}",
         max_attempts=3,
     )
-    row = OutboxRow(seq=1, id="row-1", data=encode_job(request), staged_at=0.0, attempts=2, lease_until=9.0)
+    row = OutboxRow(
+        seq=1, id="row-1", data=encode_job(request), staged_at=0.0, attempts=2, lease_until=9.0
+    )
     store = FakeOutbox([row])
     async with open_jobs(RefusingDriver(), jobs=[], outbox=store) as jobs:  # type: ignore[arg-type]
         published = await Relay(jobs).relay_once()
@@ -319,8 +323,7 @@ async def test_wake_live_and_unverified(
                 worker = Worker(jobs, queues=["default"])
                 await nursery.start(worker.run)
                 with trio.fail_after(15):
-                    while not records(caplog, event):
-                        await trio.sleep(0.05)
+                    await wait_for(lambda: records(caplog, event), step=0.05)
                 await worker.drain()
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -374,7 +377,15 @@ def test_configure_again_replaces_its_handler_and_text_mode_is_one_line() -> Non
     logger = logging.getLogger("trio_jobs")
     assert len([h for h in logger.handlers if h.get_name() == "trio_jobs.logging"]) == 1
     assert logger.propagate is False
-    logger.warning("jobs.settle.unowned", extra={"event": "jobs.settle.unowned", "job_id": "j", "attempt": 1, "code": "X_JOB_LEASE_LOST"})
+    logger.warning(
+        "jobs.settle.unowned",
+        extra={
+            "event": "jobs.settle.unowned",
+            "job_id": "j",
+            "attempt": 1,
+            "code": "X_JOB_LEASE_LOST",
+        },
+    )
     line = out.getvalue().strip()
     assert "jobs.settle.unowned" in line
     assert "job_id=j attempt=1 code=X_JOB_LEASE_LOST" in line
@@ -397,3 +408,41 @@ def test_every_catalogued_job_event_lists_the_job_fields() -> None:
         assert set(tj_logging.JOB_FIELDS) <= set(tj_logging.EVENTS[event][1]), event
 
 
+@pytest.mark.postgres
+async def test_the_postgres_claim_reports_the_exhausted_attempt(pg_dsn: str) -> None:
+    """``jobs.claim.exhausted`` names the attempt: the driver's ``Exhausted`` carries it."""
+    import uuid
+
+    import psycopg
+
+    from trio_jobs.drivers.postgres import postgres_driver
+
+    class Clock:
+        t = 1_800_000_000.0
+
+        def now(self) -> float:
+            return self.t
+
+    @job(input=Card, idempotency_key=lambda i: f"card:{i.key}", retry=Retry(attempts=1))
+    async def doomed(ctx: JobContext[Card]) -> None:
+        return None
+
+    clock = Clock()
+    schema = f"tj_logs_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        async with open_jobs(
+            postgres_driver(pg_dsn, schema=schema, clock=clock), jobs=[doomed]
+        ) as jobs:
+            enq = await doomed.enqueue(Card())
+            options = ClaimOptions(worker_id="w1", queues={"default": 1}, visibility_timeout=5.0)
+            first = await jobs.driver.claim(options)
+            assert [j.attempt for j in first.jobs] == [1]
+            clock.t += 60  # the holder died: its lease lapsed on the final attempt
+            second = await jobs.driver.claim(attrs.evolve(options, worker_id="w2"))
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    assert second.jobs == []
+    assert [(e.id, e.attempt, e.state) for e in second.exhausted] == [(enq.id, 1, "dead")]

@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from jobs_support import jobs_on_memory, running_worker, wait_for, wait_state
 
+from jobs_support import jobs_on_memory, running_worker, wait_for, wait_state
 from trio_jobs import JobContext, Retry, Worker, WorkerObserver, job
 from trio_jobs.errors import ErrorCode, JobsError
 
@@ -59,7 +59,9 @@ async def test_jobs_total_by_outcome_and_the_duration_histogram(autojump_clock: 
     assert sample(registry, "jobs_total", queue="mail", outcome="retried") == 1
     assert sample(registry, "jobs_total", queue="mail", outcome="dead") == 1
     assert sample(registry, "job_duration_seconds_count", queue="mail", name=ok.name) == 2
-    assert sample(registry, "job_duration_seconds_sum", queue="mail", name=ok.name) == pytest.approx(4.0, abs=0.1)
+    assert sample(
+        registry, "job_duration_seconds_sum", queue="mail", name=ok.name
+    ) == pytest.approx(4.0, abs=0.1)
     assert sample(registry, "job_duration_seconds_count", queue="mail", name=flaky.name) == 2
     # every slot was given back, and the stopped worker's capacity is gone
     assert sample(registry, "job_worker_in_flight") == 0
@@ -156,7 +158,9 @@ class Recording(WorkerObserver):
         self.calls.append(("ended", queue, outcome))
 
 
-async def test_a_plain_observer_sees_the_whole_lifecycle_and_no_payload(autojump_clock: Any) -> None:
+async def test_a_plain_observer_sees_the_whole_lifecycle_and_no_payload(
+    autojump_clock: Any,
+) -> None:
     seen = Recording()
     async with jobs_on_memory([ok]) as (jobs, _driver):
         enq = await ok.enqueue(Item("secret-key-value"))

@@ -102,3 +102,40 @@ async def test_faults_keep_the_built_in_invariants(
     states = {v.state for v in result.world.jobs}
     assert states <= {"done", "dead"}
     assert len(result.world.jobs) == 30
+
+
+@pytest.mark.parametrize("seed", [1, 5, 9, 11, 17, 21])
+async def test_the_same_seed_replays_byte_for_byte_under_every_fault(
+    seed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL)
+    faults = Faults(
+        crash=0.01,
+        lease_loss=0.01,
+        pause=0.01,
+        driver_errors=0.02,
+        skew=2.0,
+        drain=0.005,
+        lost_wakeups=False,
+    )
+    runs = [
+        await simulate_jobs(
+            jobs=[three_steps], workers=3, seed=seed, scenario=_scenario(30), faults=faults
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].trace_bytes() == runs[1].trace_bytes()
+
+
+async def test_the_fault_seeds_above_do_inject_faults(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.CRITICAL)
+    faults = Faults(
+        crash=0.01, lease_loss=0.01, pause=0.01, driver_errors=0.02, skew=2.0, drain=0.005
+    )
+    kinds: set[str] = set()
+    for seed in [1, 5, 9, 11, 17, 21]:
+        result = await simulate_jobs(
+            jobs=[three_steps], workers=3, seed=seed, scenario=_scenario(30), faults=faults
+        )
+        kinds |= {str(event[2]) for event in result.trace}
+    assert {"crash", "pause", "drain"} <= kinds

@@ -43,13 +43,23 @@ def test_mypy_flags_missing_keys_and_wrong_inputs(tmp_path: Path) -> None:
     source = tmp_path / "snippet.py"
     source.write_text(SNIPPET)
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--strict", "--no-error-summary", str(source)],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--strict",
+            "--no-error-summary",
+            str(source),
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
     out = proc.stdout
-    lines = {int(line.split(":")[1]): line for line in out.splitlines() if line.startswith(str(source))}
+    lines = {
+        int(line.split(":")[1]): line for line in out.splitlines() if line.startswith(str(source))
+    }
     src_lines = SNIPPET.splitlines()
 
     def line_of(marker: str) -> int:

@@ -13,10 +13,18 @@ from typing import Any
 import pytest
 
 import trio_jobs
+import trio_jobs.logging
 import trio_jobs.outbox
 import trio_jobs.testing
+import trio_jobs.tracing
 
-PACKAGES = [trio_jobs, trio_jobs.outbox, trio_jobs.testing]
+PACKAGES = [trio_jobs, trio_jobs.outbox, trio_jobs.testing, trio_jobs.logging, trio_jobs.tracing]
+try:  # the `web` extra (the test extra installs it)
+    import trio_jobs.web
+except ImportError:  # pragma: no cover
+    pass
+else:
+    PACKAGES.append(trio_jobs.web)
 SRC = Path(trio_jobs.__file__).resolve().parent
 
 #: Exported names that may lack a docstring or ``#:`` doc comment (none today).

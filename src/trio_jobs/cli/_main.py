@@ -26,6 +26,7 @@ from ._common import (
     resolve_database,
     run,
 )
+from ._operate import OPERATOR_COMMANDS
 
 __all__ = ["main"]
 
@@ -189,3 +190,11 @@ def worker(
         _echo_json({"ok": summary["outcome"] == "drained", **summary})
     if summary["outcome"] != "drained":
         sys.exit(EXIT_ABANDONED)
+
+
+# --------------------------------------------------------------------------- operate
+
+# list, show, retry, cancel, resolve-step, promote, remove, requeue, pause,
+# resume, stats, workers, counters (src/trio_jobs/cli/_operate.py).
+for _command in OPERATOR_COMMANDS:
+    main.add_command(_command)

@@ -117,6 +117,9 @@ class EnqueueRequest:
     delay: float | None = None
     actor: Mapping[str, Any] | None = None
     trace_context: Mapping[str, str] | None = None
+    #: The job was declared ``sensitive=True``: the row says so, so a reader that
+    #: holds no handle (the CLI) still redacts its payload, keys and outputs.
+    sensitive: bool = False
 
 
 @attrs.frozen
@@ -412,6 +415,10 @@ class JobView:
     priority: int = 0
     updated_at: float | None = None
     worker_id: str | None = None
+    #: Whether the row was enqueued for a job declared ``sensitive=True``;
+    #: ``None`` when the row does not say (enqueued before the flag was stored):
+    #: a reader without the job's handle then treats it as sensitive.
+    sensitive: bool | None = None
 
 
 @attrs.frozen

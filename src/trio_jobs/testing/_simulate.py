@@ -108,6 +108,8 @@ class _Arbiter:
         self.rng = rng
         self.waiting: dict[tuple[str, str, int], trio.Event] = {}
         self.counts: dict[tuple[str, str], int] = {}
+        #: A stopped worker's calls are granted no permit until it comes back.
+        self.paused: dict[str, float] = {}
         self.trace: list[tuple[Any, ...]] = []
 
     async def permit(self, who: str) -> None:
@@ -129,7 +131,10 @@ class _Arbiter:
     def grant_one(self) -> bool:
         if not self.waiting:
             return False
-        keys = sorted(self.waiting)
+        now = trio.current_time()
+        keys = [k for k in sorted(self.waiting) if self.paused.get(k[0], 0.0) <= now]
+        if not keys:
+            return False
         key = keys[self.rng.randrange(len(keys))]
         self.waiting.pop(key).set()
         return True
@@ -260,7 +265,6 @@ class _SimDriver:
         self.skew = skew
         self.dead = False
         self.changed = trio.Event()  # set when this worker crashes or is drained
-        self.paused_until = 0.0
         self.name = self._d.name
         self.steps = _Sub(self, "steps", self._d.steps)
         self.events = _Sub(self, "events", self._d.events)
@@ -289,10 +293,6 @@ class _SimDriver:
         if self.dead:
             raise Killed()
         sim = self._sim
-        if trio.current_time() < self.paused_until:
-            # The whole worker is stopped (SIGSTOP): none of its calls, heartbeats
-            # included, reach the driver until it comes back.
-            await trio.sleep_until(self.paused_until)
         await sim.arbiter.permit(self.label)
         if self.dead:
             raise Killed()
@@ -303,8 +303,12 @@ class _SimDriver:
         if faults.pause and rng.random() < faults.pause:
             pause = rng.uniform(0, 2 * SIM_VT)
             sim.record(self.label, "pause", round(pause, 3))
-            self.paused_until = trio.current_time() + pause
-            await trio.sleep_until(self.paused_until)
+            # The whole worker is stopped (SIGSTOP): none of its calls, heartbeats
+            # included, reach the driver until it comes back. The arbiter holds its
+            # permits; an alarm marks the instant it is back.
+            until = trio.current_time() + pause
+            sim.arbiter.paused[self.label] = until
+            sim.alarm(until)
             await sim.arbiter.permit(self.label)
         if faults.crash and rng.random() < faults.crash:
             sim.record(self.label, "crash", method)
@@ -461,6 +465,7 @@ class _Sim:
         self.workers: dict[str, Worker] = {}
         self.drain_requests: list[str] = []
         self.shadow: dict[str, str] = {}
+        self.nursery: trio.Nursery | None = None
         self.final_views: list[JobView] = []
         self.final_now = ORIGIN
 
@@ -479,6 +484,11 @@ class _Sim:
                 continue
             if (old, new) not in _LEGAL and not (method == "claim" and old == "running"):
                 self.checker.fail(f"illegal transition {old} -> {new} of job {job_id} in {method}")
+
+    def alarm(self, when: float) -> None:
+        """A deadline at ``when`` so the virtual clock stops there."""
+        if self.nursery is not None:
+            self.nursery.start_soon(trio.sleep_until, when)
 
     def crashed(self, driver: _SimDriver) -> None:
         self._crashed.append(driver)
@@ -591,6 +601,9 @@ async def _simulate(
             "visibility_timeout": SIM_VT,
             "poll_interval": 0.25,
             "idle_poll_max": 2.0,
+            # Off the 0.25 s grid of the polls and the 1 s grid of progress, so no
+            # two of one worker's timers fire at the same virtual instant.
+            "heartbeat_interval": 9.987654,
             **worker_options,
         }
         worker_label = proxy.label
@@ -662,7 +675,8 @@ async def _simulate(
         ):
             # The arbiter outlives the workers: their shielded clean-up asks for permits too.
             outer.start_soon(arbiter_loop, clock)
-            if True:
+            async with trio.open_nursery() as alarms:
+                sim.nursery = alarms
                 async with trio.open_nursery() as nursery:
                     inner.append(nursery.cancel_scope)
                     scenario_driver = _SimDriver(sim, "scenario", 0.0)
@@ -686,6 +700,7 @@ async def _simulate(
                             break
                     done.set()
                     nursery.cancel_scope.cancel()
+                alarms.cancel_scope.cancel()
             stopped.set()
             if failure:
                 raise failure[0]

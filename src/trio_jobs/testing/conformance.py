@@ -602,6 +602,25 @@ class DriverConformance:
             await intro.show(str(uuid.uuid4()))
         assert err.value.code == "X_JOB_NOT_FOUND"
 
+    async def test_the_row_says_whether_its_job_is_sensitive(self, target: Target) -> None:
+        # A reader holding no job handle (the CLI) redacts on the row's word.
+        d = target.driver
+        intro = _intro(d)
+        secret = attrs.evolve(request("secret", key="s"), sensitive=True)
+        plain = request("plain", key="p")
+        alone = attrs.evolve(request("alone", key="a"), sensitive=True)
+        await d.enqueue_many([secret, plain])
+        await d.enqueue_many([alone])  # a driver may take one request another way
+        assert (await intro.show(secret.id)).sensitive is True
+        assert (await intro.show(plain.id)).sensitive is False
+        assert (await intro.show(alone.id)).sensitive is True
+        page = await intro.list(ListFilter())
+        assert {v.id: v.sensitive for v in page.rows} == {
+            secret.id: True,
+            plain.id: False,
+            alone.id: True,
+        }
+
     async def test_list_pages_newest_first(self, target: Target) -> None:
         d = target.driver
         intro = _intro(d)

@@ -253,10 +253,20 @@ class Dashboard:
         return self._page(ctx, title=str(exc.code), body=body, active=active, status=status)
 
     def _redacted(self, view: JobView) -> bool:
+        """Whether a job's payload, outputs and keys are shown as ``[redacted]``:
+        when its handle or its row says it is sensitive; when neither knows (no
+        handle here, a row from before the flag was stored), unless
+        ``reveal_unregistered``."""
         handle = self.jobs.handle(view.name)
-        if handle is None:
-            return not self.reveal_unregistered
-        return bool(handle.sensitive)
+        row: bool | None = getattr(view, "sensitive", None)
+        if (handle is not None and handle.sensitive) or row is True:
+            return True
+        if handle is not None or row is False:
+            return False
+        return not self.reveal_unregistered
+
+    def _unknown(self, view: JobView) -> bool:
+        return self.jobs.handle(view.name) is None and getattr(view, "sensitive", None) is None
 
     def _now(self) -> float:
         return float(self.jobs.driver.now())
@@ -502,11 +512,12 @@ class Dashboard:
         body.append("</div><div>")
         body.append("<h2>Result</h2>" + H.json_block(view.result, redacted=redact))
         body.append("</div></div>")
-        if redact and self.jobs.handle(view.name) is None:
+        if redact and self._unknown(view):
             body.append(
-                '<p class="muted">This job is not registered with this dashboard\'s '
-                "facade, so whether it is sensitive is unknown: its payload and outputs are "
-                "hidden. Pass its handle to open_jobs(jobs=[...]) to show them.</p>"
+                '<p class="muted">Whether this job is sensitive is unknown here (its handle '
+                "is not registered with this dashboard's facade and its row predates the "
+                "flag), so its payload and outputs are hidden. Pass its handle to "
+                "open_jobs(jobs=[...]) to show them.</p>"
             )
         return self._page(ctx, title=view.name, body="".join(body), active="jobs")
 
@@ -827,12 +838,15 @@ def _secure(response: Response, ctx: _Req) -> None:
     headers["Referrer-Policy"] = "same-origin"
     headers["Cache-Control"] = "no-store"
     if ctx.new_cookie:
+        # Lax, not Strict: a link into the dashboard from elsewhere (a chat, an
+        # alert) carries the cookie, so it is not re-minted under the other open
+        # tabs' forms; a cross-site POST still goes without it.
         response.set_cookie(
             CSRF_COOKIE,
             ctx.cookie,
             path=(ctx.root or "") + "/",
             httponly=True,
-            samesite="strict",
+            samesite="lax",
             secure=ctx.request.url.scheme == "https",
         )
 
@@ -1069,10 +1083,10 @@ def create_app(
     is a POST carrying a CSRF token bound to a cookie and signed with ``secret``
     (random per process unless given: pass one when several processes serve
     one dashboard). ``registry`` is the prometheus-client registry ``/metrics``
-    exposes (the default one unless given). A job whose handle the facade does
-    not know may be sensitive, so its payload and outputs are hidden unless
-    ``reveal_unregistered=True``; a ``sensitive=True`` job's are always
-    ``[redacted]``.
+    exposes (the default one unless given). A ``sensitive=True`` job's payload,
+    outputs and keys are ``[redacted]`` (its handle or its row says so); a row
+    that does not say, of a job whose handle the facade does not know, is
+    hidden too unless ``reveal_unregistered=True``.
 
     The app must be served on Trio (the facade's loop), e.g. with
     :func:`trio_jobs.web.serve` or ``hypercorn.trio.serve``::

@@ -19,7 +19,8 @@ import hmac
 import inspect
 import ipaddress
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -37,11 +38,21 @@ __all__ = [
     "token_ok",
 ]
 
-#: The hook ``create_app(jobs, auth=...)`` takes: given the request, answer
-#: (or await) whether to serve it. ``False`` is a 403.
-Auth = Callable[[Request], "bool | Awaitable[bool]"]
 
+class Auth(Protocol):
+    """The hook ``create_app(jobs, auth=...)`` takes: given the Starlette request,
+    answer (or await) ``True`` to serve it; anything else is a 403.
+
+    >>> def is_operator(request):
+    ...     return request.headers.get("authorization") == f"Bearer {OPS_TOKEN}"
+    """
+
+    def __call__(self, request: Request) -> bool | Awaitable[bool]: ...
+
+
+#: The cookie holding the random half of the signed double-submit CSRF token.
 CSRF_COOKIE = "trio_jobs_csrf"
+#: The form field every dashboard action carries: ``HMAC(secret, cookie)``.
 CSRF_FIELD = "csrf"
 _PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
 

@@ -89,14 +89,53 @@ async def test_many_tasks_share_the_pool(pg_dsn: str) -> None:
         await db.pool.close()
 
 
-async def test_a_connection_killed_by_the_server_is_replaced(pg_dsn: str) -> None:
+def _terminate(dsn: str, pid: int) -> None:
+    """End a backend the way a server restart does (FATAL 57P01, socket closed),
+    and wait until it is gone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+
+
+async def test_an_idle_connection_killed_by_the_server_is_replaced_before_use(
+    pg_dsn: str,
+) -> None:
+    # Regression (the chaos soak): after a server restart every idle pooled
+    # connection failed one call with X_DRIVER_UNAVAILABLE, the server long back up.
     db = Database(Pool(pg_dsn, max_size=1))
     try:
         pid = (await db.fetch("SELECT pg_backend_pid()"))[0][0]
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        with pytest.raises(JobsError) as err:
-            await db.fetch("SELECT 1")
+        _terminate(pg_dsn, pid)
+        new_pid = (await db.fetch("SELECT pg_backend_pid()"))[0][0]
+        assert new_pid != pid
+        assert db.pool.size == 1
+    finally:
+        await db.pool.close()
+
+
+async def test_a_connection_killed_mid_statement_is_driver_unavailable_then_replaced(
+    pg_dsn: str,
+) -> None:
+    db = Database(Pool(pg_dsn, max_size=2))
+    marker = "bridge_kill_probe_1"
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def kill_the_sleeper() -> None:
+                with trio.fail_after(5):
+                    while True:
+                        rows = await db.fetch(
+                            "SELECT pid FROM pg_stat_activity WHERE query LIKE %s "
+                            "AND pid <> pg_backend_pid()",
+                            (f"%{marker}%",),
+                        )
+                        if rows:
+                            break
+                        await trio.sleep(0.01)
+                await trio.to_thread.run_sync(_terminate, pg_dsn, rows[0][0])
+
+            nursery.start_soon(kill_the_sleeper)
+            with pytest.raises(JobsError) as err:
+                await db.fetch(f"SELECT pg_sleep(30) /* {marker} */")
         assert err.value.code == "X_DRIVER_UNAVAILABLE"
         assert await db.fetch("SELECT 1") == [(1,)]
     finally:

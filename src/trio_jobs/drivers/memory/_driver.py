@@ -90,6 +90,7 @@ class _Row:
     settled_fence: Fence | None = None
     version: int = 0
     tx: object | None = None  # the open transaction that staged it, until commit
+    sensitive: bool = False
 
 
 def _seq(record: StepRecord) -> int:
@@ -298,6 +299,7 @@ class MemoryDriver:
                 state="ready" if run_at <= now else "delayed",
                 updated_at=now,
                 tx=tx,
+                sensitive=req.sensitive,
             )
             self._rows[row.id] = row
             self._live[key] = row.id
@@ -697,6 +699,7 @@ class _MemoryIntrospection:
             priority=row.priority,
             updated_at=row.updated_at,
             worker_id=row.fence.worker_id if row.fence is not None else None,
+            sensitive=row.sensitive,
         )
 
     async def show(self, job_id: str) -> JobView:

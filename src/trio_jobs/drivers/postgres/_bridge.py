@@ -270,6 +270,22 @@ async def connect(conninfo: str, *, timeout: float = 10.0) -> TrioConnection:
 # --------------------------------------------------------------------------- pool
 
 
+def _idle_usable(conn: TrioConnection) -> bool:
+    """Whether an idle pooled connection can take a statement.
+
+    An idle session is sent nothing unless the server is ending it: a restart,
+    ``pg_terminate_backend`` or an idle timeout sends a FATAL message and closes
+    the socket, which libpq notices only when the next statement fails. A
+    readable idle socket is therefore discarded before use: otherwise every
+    pooled connection fails one call with ``X_DRIVER_UNAVAILABLE`` after a
+    server restart, long after the server is back (a step record, a settle or a
+    heartbeat lost for nothing). One ``poll`` per acquire; a false alarm (a rare
+    notice) costs one reconnect."""
+    if conn.closed or conn.pgconn.status != _CONN_OK:
+        return False
+    return not _ready_now(conn.pgconn.socket, _WAIT_R)
+
+
 class Pool:
     """A Trio pool of autocommit :class:`TrioConnection` objects.
 
@@ -316,7 +332,7 @@ class Pool:
         try:
             while self._idle:
                 conn = self._idle.pop()
-                if not conn.closed and conn.pgconn.status == _CONN_OK:
+                if _idle_usable(conn):
                     return conn
                 self._discard(conn)
             return await self._new()

@@ -98,6 +98,13 @@ def _json_or_none(value: Any) -> str | None:
     return None if value is None else dumps(value).decode()
 
 
+def _present(**fields: Any) -> dict[str, Any]:
+    """One row of a JSON batch: keys whose value is None are left out (the
+    server's ``json_to_recordset`` reads an absent key as NULL), which keeps the
+    text the server parses short."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _progress_json(progress: Progress | None) -> str | None:
     if progress is None:
         return None
@@ -164,6 +171,7 @@ class PostgresDriver:
         self._closing: trio.Event | None = None
         self._step_writer = _GroupCommit(self, self._flush_steps, linger=step_linger)
         self._acker = _GroupCommit(self, self._flush_acks)
+        self._registry = _Registry()
         self.steps = _PgSteps(self)
         self.events = _PgEvents(self)
         self.leases: _PgLeases | None = _PgLeases(self)
@@ -357,6 +365,11 @@ class PostgresDriver:
         after_commit: list[Callable[[], None]] | None,
     ) -> list[EnqueueResult]:
         self.db  # noqa: B018 — refuse a closed driver before any work
+        if len(requests) == 1:
+            inserted = await self._enqueue_one(run, requests[0], after_commit=after_commit)
+            if inserted is not None:
+                return [inserted]
+            # The key is held (or the id known): enqueue_many names the holder.
         out: list[EnqueueResult | None] = [None] * len(requests)
         ready_queues: set[str] = set()
         for start in range(0, len(requests), ENQUEUE_CHUNK):
@@ -406,6 +419,51 @@ class PostgresDriver:
                 after_commit.append(lambda: self._fire(queues))
         return [r for r in out if r is not None]
 
+    async def _enqueue_one(
+        self,
+        run: _Run,
+        r: EnqueueRequest,
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> EnqueueResult | None:
+        """The single-request fast path: the new row's result, or None when the
+        insert met a live key or a known id (nothing was written)."""
+        allowed = bool(self._notify_allowed([r.queue]))
+        rows = await run(
+            "enqueue_one",
+            {
+                "id": r.id,
+                "run_id": r.run_id,
+                "name": r.name,
+                "queue": r.queue,
+                "payload": _json_or_none(r.payload),
+                "tenant_id": r.tenant_id,
+                "key": r.idempotency_key,
+                "ckey": r.concurrency_key,
+                "max_attempts": r.max_attempts,
+                "priority": r.priority,
+                "run_at": r.run_at,
+                "delay": r.delay,
+                "actor": _json_or_none(r.actor),
+                "trace_context": _json_or_none(r.trace_context),
+                "sensitive": r.sensitive,
+                "channel": self.channel,
+                "notify": allowed,
+            },
+        )
+        if not rows:
+            return None
+        state, notified = rows[0]
+        if notified:
+            self._mark_notified([r.queue])
+        if state == "ready":
+            queues = [r.queue]
+            if after_commit is None:
+                self._fire(queues)
+            else:
+                after_commit.append(lambda: self._fire(queues))
+        return EnqueueResult(r.id, r.run_id, False)
+
     def _enqueue_params(self, batch: Sequence[EnqueueRequest]) -> dict[str, Any]:
         rows = [
             {
@@ -424,6 +482,7 @@ class PostgresDriver:
                 "delay": r.delay,
                 "actor": r.actor,
                 "trace_context": r.trace_context,
+                "sensitive": r.sensitive,
             }
             for i, r in enumerate(batch, start=1)
         ]
@@ -451,12 +510,15 @@ class PostgresDriver:
                 "visibility": float(options.visibility_timeout),
                 "drop_names": sorted(options.drop_names),
                 "lapse_message": _LAPSE_MESSAGE,
+                "registry_ttl": self._registry.ttl(options.worker_id),
             },
         )
         jobs: list[ClaimedJob] = []
         exhausted: list[Exhausted] = []
         for r in rows:
-            if r[0] == "job":
+            if r[0] == "seen":
+                self._registry.renewed(options.worker_id, self.now())
+            elif r[0] == "job":
                 jobs.append(
                     ClaimedJob(
                         id=str(r[1]),
@@ -505,41 +567,44 @@ class PostgresDriver:
         return await self._acker.submit((job_id, ""), (job_id, options))
 
     async def _flush_acks(self, batch: builtins.list[tuple[str, AckOptions]]) -> set[int]:
-        rows = await self._fetch(
-            "ack_many",
-            {
-                "ids": [job_id for job_id, _o in batch],
-                "worker_ids": [o.fence.worker_id for _j, o in batch],
-                "claims": [o.fence.claim for _j, o in batch],
-                "results": [_json_or_none(o.result) for _j, o in batch],
-                "progress": [_progress_json(o.progress) for _j, o in batch],
-                "durations": [o.duration for _j, o in batch],
-            },
-        )
-        return {int(r[0]) for r in rows}
+        rows = [
+            _present(
+                ord=i,
+                id=job_id,
+                worker_id=o.fence.worker_id,
+                claim=o.fence.claim,
+                result=_json_or_none(o.result),
+                progress=_progress_json(o.progress),
+                duration=o.duration,
+            )
+            for i, (job_id, o) in enumerate(batch, start=1)
+        ]
+        found = await self._fetch("ack_many", {"rows": _json(rows)})
+        return {int(r[0]) for r in found}
 
     async def _flush_steps(self, batch: builtins.list[tuple[str, Fence, StepRecord]]) -> set[int]:
-        recs = [record for _j, _f, record in batch]
-        rows = await self._fetch(
-            "steps_put_many",
-            {
-                "job_ids": [job_id for job_id, _f, _r in batch],
-                "worker_ids": [fence.worker_id for _j, fence, _r in batch],
-                "claims": [fence.claim for _j, fence, _r in batch],
-                "names": [r.name for r in recs],
-                "statuses": [r.status for r in recs],
-                "seqs": [r.seq for r in recs],
-                "executions": [r.executions for r in recs],
-                "outputs": [_json_or_none(r.output) for r in recs],
-                "errors": [r.error for r in recs],
-                "error_codes": [r.error_code for r in recs],
-                "wake_ats": [r.wake_at for r in recs],
-                "events": [r.event for r in recs],
-                "sinces": [r.since for r in recs],
-                "deadlines": [r.deadline for r in recs],
-            },
-        )
-        return {int(r[0]) for r in rows}
+        rows = [
+            _present(
+                ord=i,
+                job_id=job_id,
+                worker_id=fence.worker_id,
+                claim=fence.claim,
+                name=r.name,
+                status=r.status,
+                seq=r.seq,
+                executions=r.executions,
+                output=_json_or_none(r.output),
+                error=r.error,
+                error_code=r.error_code,
+                wake_at=r.wake_at,
+                event=r.event,
+                since=r.since,
+                deadline=r.deadline,
+            )
+            for i, (job_id, fence, r) in enumerate(batch, start=1)
+        ]
+        found = await self._fetch("steps_put_many", {"rows": _json(rows)})
+        return {int(r[0]) for r in found}
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         final = options.state in ("dead", "failed")
@@ -851,6 +916,40 @@ def _uuid_or_none(job_id: str) -> str | None:
         return None
 
 
+class _Registry:
+    """What this process last wrote to the worker registry, per worker id.
+
+    An idle worker records itself every heartbeat interval (a third of the
+    ttl) with the same info, and claims every few seconds. The claim statement
+    renews the live row's liveness (``seen`` in ``claim``), so a record whose
+    info is unchanged, while a claim or a record renewed the row less than half
+    a ttl ago, needs no statement: the row is as fresh as that write would make
+    it. Anything else (new info, a row gone or expired, no claim lately) writes.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[tuple[Any, ...], float, float]] = {}
+
+    def ttl(self, worker_id: str) -> float | None:
+        row = self._rows.get(worker_id)
+        return row[1] if row is not None else None
+
+    def renewed(self, worker_id: str, now: float) -> None:
+        row = self._rows.get(worker_id)
+        if row is not None:
+            self._rows[worker_id] = (row[0], row[1], now)
+
+    def recorded(self, worker_id: str, key: tuple[Any, ...], ttl: float, now: float) -> None:
+        self._rows[worker_id] = (key, ttl, now)
+
+    def unchanged(self, worker_id: str, key: tuple[Any, ...], now: float) -> bool:
+        row = self._rows.get(worker_id)
+        return row is not None and row[0] == key and now - row[2] < row[1] / 2
+
+    def forget(self, worker_id: str) -> None:
+        self._rows.pop(worker_id, None)
+
+
 class _PgIntrospection:
     def __init__(self, driver: PostgresDriver) -> None:
         self._d = driver
@@ -879,6 +978,7 @@ class _PgIntrospection:
             priority=int(r[17]),
             updated_at=float(r[18]) if r[18] is not None else None,
             worker_id=r[19],
+            sensitive=r[20],
         )
 
     @staticmethod
@@ -1132,6 +1232,20 @@ class _PgIntrospection:
         return [r[0] for r in await self._d._fetch("paused_queues", {})]
 
     async def record_worker(self, info: WorkerInfo, ttl: float) -> None:
+        registry = self._d._registry
+        key = (
+            info.host,
+            int(info.pid),
+            float(info.started_at),
+            tuple(info.queues),
+            tuple(sorted(info.slots.items())),
+            tuple(info.in_flight),
+            float(ttl),
+        )
+        if registry.unchanged(info.id, key, self._d.now()):
+            self._d.db  # noqa: B018 — a closed driver refuses even a skipped record
+            await trio.lowlevel.checkpoint()
+            return
         await self._d._fetch(
             "record_worker",
             {
@@ -1145,8 +1259,10 @@ class _PgIntrospection:
                 "ttl": float(ttl),
             },
         )
+        registry.recorded(info.id, key, float(ttl), self._d.now())
 
     async def remove_worker(self, worker_id: str) -> None:
+        self._d._registry.forget(worker_id)
         await self._d._fetch("remove_worker", {"id": worker_id})
 
     async def workers(self) -> builtins.list[WorkerInfo]:

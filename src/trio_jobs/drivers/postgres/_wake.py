@@ -134,11 +134,17 @@ class PgWake:
             self.sessions += 1
             try:
                 await self._listen(conn)
-            except (psycopg.Error, OSError):
+            # except*: _listen reads inside a nursery, which wraps the session's
+            # failure (a server restart, a terminated backend) in an ExceptionGroup;
+            # a bare except missed it and the wake died with its first session.
+            except* (psycopg.Error, OSError):
                 logger.warning("jobs.wake.lost", extra={"event": "jobs.wake.lost"})
             finally:
                 with trio.CancelScope(shield=True):
                     await conn.close()
+            # Unproven until the next session's probe comes back: the worker keeps
+            # its short poll ceiling meanwhile.
+            self.live = False
             # Anything sent while the session was down is lost: let every
             # waiter run one pass now.
             self.fire(None)

@@ -5,13 +5,13 @@
 -- name: show
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id
+    priority, updated_at, worker_id, sensitive
 FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: show_for_update
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id
+    priority, updated_at, worker_id, sensitive
 FROM trio_jobs_jobs WHERE id = %(id)s FOR UPDATE;
 
 -- name: show_steps
@@ -22,7 +22,7 @@ WHERE job_id = %(id)s ORDER BY seq;
 -- A page newest first, strictly older than the mark (no mark: from the newest).
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id
+    priority, updated_at, worker_id, sensitive
 FROM trio_jobs_jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
@@ -39,7 +39,7 @@ LIMIT %(limit)s;
 -- The rows strictly newer than the mark, nearest first (the caller reverses).
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id
+    priority, updated_at, worker_id, sensitive
 FROM trio_jobs_jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)

@@ -1,4 +1,4 @@
--- The trio-jobs schema as of migration 0002: what replaying every migration gives.
+-- The trio-jobs schema as of migration 0003: what replaying every migration gives.
 --
 -- Times are float8 seconds since the Unix epoch, decided by the database's clock
 -- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
@@ -43,7 +43,9 @@ CREATE TABLE trio_jobs_jobs (
     trace_context    json,
     waiting_event    text,
     promoted         boolean NOT NULL DEFAULT false,
-    lapsed           boolean NOT NULL DEFAULT false
+    lapsed           boolean NOT NULL DEFAULT false,
+    -- declared sensitive=True (NULL: enqueued before 0003; read as sensitive)
+    sensitive        boolean
 );
 
 -- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
