@@ -34,6 +34,14 @@ def simulation(session: nox.Session) -> None:
 
 
 @nox.session
+def soak(session: nox.Session) -> None:
+    """The chaos soak on its own embedded PostgreSQL (about 2 minutes; not in the
+    default sessions). Arguments pass through: `nox -s soak -- --seed 7`."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "simulation.soak", *session.posargs)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     session.run("python", "-m", "benchmarks", *session.posargs)

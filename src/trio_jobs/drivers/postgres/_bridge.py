@@ -21,9 +21,9 @@ sync psycopg in trio.to_thread    269 us/call  240 us/call  (4,160 calls/s)
 **Trio wait function (this)**     **98 us**    **52 us/call (19,000 calls/s)**
 ================================  ===========  ============================
 
-(``benchmarks/bridge_overhead.py`` is not shipped yet; the figures come from
-``tests/drivers/postgres/bench_bridge.py``.) The Trio wait function is also the
-integration psycopg's author pointed Trio users at (psycopg issue #29).
+(Measured while the driver was built; ``tests/drivers/postgres/bench_driver.py``
+times the driver's own calls.) The Trio wait function is also the integration
+psycopg's author pointed Trio users at (psycopg issue #29).
 
 What this module owns:
 
