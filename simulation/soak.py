@@ -30,9 +30,11 @@ The invariants, precisely (what the design promises; see SOAK.md):
   transaction of its own that commits *before* the worker writes the step's
   record (the current design offers no way to put both in one transaction), so a
   crash in between re-runs it. Each such row must be attributable: written by an
-  execution whose record never landed, on an attempt no later than the one that
-  recorded the step. Those are the *explained duplicates*, counted and reported;
-  a row written after the record (a replay that re-ran the step) fails the soak;
+  execution whose record never landed, on an attempt earlier than the one whose
+  record landed first (an audit trigger on ``trio_jobs_steps`` keeps every
+  record that lands). Those are the *explained duplicates*, counted and
+  reported; a row written on that attempt or later (a replay that re-ran the
+  step), or a step recorded ``completed`` twice, fails the soak;
 * **idempotent upserts hold**: one step-three row per done job, with its value;
 * **nothing stuck**: no row ``running`` after the drain, every worker drained
   with exit 0, no worker exited on its own, and no driver or worker task died
@@ -47,6 +49,7 @@ server running; the folder it printed at the start holds it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -97,6 +100,7 @@ LOGGED_EVENTS = (
     *CRASH_EVENTS,
 )
 
+_WORKER_ID = re.compile(r"jobs\.worker\.ready worker_id=(\S+)")
 _LEASE_LOST = re.compile(r"jobs\.lease\.lost job_id=(\S+) attempt=(\d+)")
 
 # Sets PR_SET_PDEATHSIG (the worker dies with the soak), then becomes the worker:
@@ -363,6 +367,7 @@ class Timeline:
 
     kills: list[float] = attrs.field(factory=list)
     stop: tuple[float, float] | None = None
+    stop_held: int = 0
     restart: tuple[float, float] | None = None
     restart_wall: tuple[float, float] | None = None
     enqueue_retries: int = 0
@@ -371,6 +376,8 @@ class Timeline:
     resolved_ran: int = 0
     resolved_not_ran: int = 0
     requeued: list[str] = attrs.field(factory=list)
+    #: job id -> the token of step two's effect when it was resolved (None: not ran).
+    unknown_tokens: dict[str, str | None] = attrs.field(factory=dict)
     drain_codes: list[int] = attrs.field(factory=list)
     drain_seconds: float = 0.0
 
@@ -465,8 +472,24 @@ async def _chaos(cfg: SoakConfig, server: Server, fleet: Fleet, timeline: Timeli
         ready = [w for w in fleet.live() if w.ready]
         if not ready:
             return
-        victim = rng.choice(ready)
+        # The worker holding the most jobs (the stop means most there).
+        held: dict[str, int] = {}
+        with contextlib.suppress(psycopg.Error):
+            rows = await _query(
+                server.dsn,
+                "SELECT worker_id, count(*) FROM trio_jobs_jobs WHERE state = 'running' "
+                "GROUP BY worker_id",
+            )
+            held = {str(r[0]): int(r[1]) for r in rows}
+
+        def holding(w: WorkerProc) -> int:
+            found = _WORKER_ID.search(fleet.text(w))
+            return held.get(found.group(1), 0) if found else 0
+
+        most = max(holding(w) for w in ready)
+        victim = rng.choice([w for w in ready if holding(w) == most])
         fleet.stopped = (victim.proc.pid, time.time())
+        timeline.stop_held = most
         began = now()
         _say(f"[{now():6.1f}s] chaos: SIGSTOP worker {victim.n} for {cfg.stop_for:g}s")
         victim.proc.send_signal(signal.SIGSTOP)
@@ -475,7 +498,10 @@ async def _chaos(cfg: SoakConfig, server: Server, fleet: Fleet, timeline: Timeli
         finally:
             victim.proc.send_signal(signal.SIGCONT)
         timeline.stop = (began, now())
-        _say(f"[{now():6.1f}s] chaos: SIGCONT worker {victim.n}")
+        _say(
+            f"[{now():6.1f}s] chaos: SIGCONT worker {victim.n} "
+            f"(it held {timeline.stop_held} jobs when stopped)"
+        )
 
     async def kills() -> None:
         while True:
@@ -534,6 +560,7 @@ async def _resolve_unknown(dsn: str, timeline: Timeline) -> int:
             "SELECT token, attempt FROM soak_effects WHERE job_id = %s AND step = 2",
             (job_id,),
         )
+        timeline.unknown_tokens[str(job_id)] = str(rows[0][0]) if len(rows) == 1 else None
         if len(rows) == 1:
             await jobs.resolve_step(
                 str(job_id), "two", ran=True, output={"token": rows[0][0], "attempt": rows[0][1]}
@@ -645,6 +672,8 @@ class Figures:
     recorded_mismatch: list[str] = attrs.field(factory=list)
     upsert_bad: list[str] = attrs.field(factory=list)
     upsert_reruns: int = 0
+    #: What left the resolved once steps unknown (filled by the run, not check()).
+    unknown_by: dict[str, int] = attrs.field(factory=dict)
     recorded_twice: list[str] = attrs.field(factory=list)
     #: Leases a worker logged lost on the attempt that then completed the job.
     spurious_lease_lost: list[str] = attrs.field(factory=list)
@@ -715,14 +744,7 @@ def check(
         elif state != "done":
             f.lost.append(f"{job_id} ({key}): {state} {code or ''}".strip())
 
-    # What hit each worker, and when (wall clock, as the effects' `at`).
-    hits: dict[int | None, list[tuple[float, str]]] = {}
-    for pid, at in kills:
-        hits.setdefault(pid, []).append((at, "SIGKILL"))
-    if stopped is not None:
-        hits.setdefault(stopped[0], []).append((stopped[1], "SIGSTOP"))
-    if restart_at is not None:
-        hits.setdefault(None, []).append((restart_at, "restart"))
+    hits = _hits(kills, stopped, restart_at)
     causes: Counter[str] = Counter()
     for job_id, row in by_id.items():
         done = row[1] == "done"
@@ -792,7 +814,50 @@ def check(
 CAUSE_WINDOW = 5.0
 
 
-def _cause(e: Effect, hits: Mapping[int | None, Sequence[tuple[float, str]]]) -> str:
+Hits = Mapping[int | None, Sequence[tuple[float, str]]]
+
+
+def _hits(
+    kills: Sequence[tuple[int, float]], stopped: tuple[int, float] | None, restart_at: float | None
+) -> Hits:
+    """What hit each worker (by pid; ``None``: every worker), and when (wall clock,
+    as the effects' ``at``)."""
+    hits: dict[int | None, list[tuple[float, str]]] = {}
+    for pid, at in kills:
+        hits.setdefault(pid, []).append((at, "SIGKILL"))
+    if stopped is not None:
+        hits.setdefault(stopped[0], []).append((stopped[1], "SIGSTOP"))
+    if restart_at is not None:
+        hits.setdefault(None, []).append((restart_at, "restart"))
+    return hits
+
+
+def unknown_causes(
+    started: Mapping[str, float],
+    tokens: Mapping[str, str | None],
+    effects: Sequence[Effect],
+    hits: Hits,
+    restart: tuple[float, float] | None,
+) -> dict[str, int]:
+    """What left each resolved ``once`` step unknown: the chaos that hit the
+    worker after its effect (when it had run: ``tokens`` names the effect the
+    resolution found), else the restart when ``started`` landed inside it, else a
+    SIGKILL or SIGSTOP of a worker we cannot name."""
+    by_token = {e.token: e for e in effects if e.step == 2}
+    causes: Counter[str] = Counter()
+    for job_id, at in started.items():
+        token = tokens.get(job_id)
+        effect = by_token.get(token) if token is not None else None
+        if effect is not None:
+            causes[_cause(effect, hits)] += 1
+        elif restart is not None and restart[0] - 2.0 <= at <= restart[1]:
+            causes["restart"] += 1
+        else:
+            causes["SIGKILL or SIGSTOP"] += 1
+    return dict(causes)
+
+
+def _cause(e: Effect, hits: Hits) -> str:
     """The first chaos event to hit the worker that wrote ``e`` after it wrote it:
     a SIGKILL or the SIGSTOP of that worker, or the restart (which hits all)."""
     after = [
@@ -820,6 +885,17 @@ async def _read(dsn: str) -> tuple[list[Any], list[Any], list[Effect], list[Any]
     )
     stuck = (await _query(dsn, "SELECT count(*) FROM trio_jobs_jobs WHERE state = 'running'"))[0][0]
     return jobs, steps, effects, log, int(stuck)
+
+
+async def _started_at(dsn: str, job_ids: Sequence[str]) -> dict[str, float]:
+    """When step two's ``started`` first landed, for ``job_ids``."""
+    rows = await _query(
+        dsn,
+        "SELECT job_id::text, min(at) FROM soak_step_log WHERE name = 'two' "
+        "AND status = 'started' AND job_id = ANY(%s::uuid[]) GROUP BY job_id",
+        (list(job_ids),),
+    )
+    return {str(r[0]): float(r[1]) for r in rows}
 
 
 # --------------------------------------------------------------------------- the report
@@ -915,14 +991,19 @@ def render(
         f"**{f.explained}** ({by}) |",
         f"| once steps left unknown by a crash, resolved from the app table and retried | "
         f"{timeline.resolved_ran + timeline.resolved_not_ran} (ran {timeline.resolved_ran}, "
-        f"not ran {timeline.resolved_not_ran}) |",
+        f"not ran {timeline.resolved_not_ran}; "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(f.unknown_by.items())) or 'none'}) |",
         f"| idempotent re-runs of step three (same row rewritten) | {f.upsert_reruns} |",
         f"| effect rows, steps one / two / three | {f.effects.get(1, 0)} / {f.effects.get(2, 0)} / "
         f"{f.effects.get(3, 0)} |",
         "| effects written in the step record's own transaction | n/a: not offered (SOAK.md) |",
         f"| SIGKILLs (each followed by a replacement) | {len(timeline.kills)} |",
         f"| SIGSTOP past the {cfg.visibility_timeout:g} s visibility timeout | "
-        + (f"{stop[1] - stop[0]:.1f} s, then SIGCONT |" if stop else "not done |"),
+        + (
+            f"{stop[1] - stop[0]:.1f} s (holding {timeline.stop_held} jobs), then SIGCONT |"
+            if stop
+            else "not done |"
+        ),
         "| PostgreSQL restarts (`pg_ctl stop -m fast`, outage, start) | "
         + (f"1 ({restart[1] - restart[0]:.1f} s down) |" if restart else "0 |"),
         f"| worker processes started | {len(fleet.all)} |",
@@ -952,6 +1033,7 @@ def _details(f: Figures, fleet: Fleet) -> Iterator[str]:
         ("recorded twice", f.recorded_twice),
         ("upsert", f.upsert_bad),
         ("unexpected exits", fleet.unexpected),
+        ("exited before ready (replaced)", fleet.start_failures),
         ("task crashes", fleet.crash_lines()),
         ("lease logged lost, then settled done", f.spurious_lease_lost),
     ):
@@ -1012,6 +1094,17 @@ def run_soak(
             allow_unknown=not cfg.resolve,
         )
         figures.stuck_running = stuck
+        figures.unknown_by = unknown_causes(
+            trio.run(_started_at, server.dsn, timeline.requeued),
+            timeline.unknown_tokens,
+            effects,
+            _hits(
+                fleet.kills,
+                fleet.stopped,
+                timeline.restart_wall[0] if timeline.restart_wall else None,
+            ),
+            timeline.restart_wall,
+        )
         events = fleet.events()
         if stuck:
             figures.failures.append(f"{stuck} rows stuck running")
@@ -1042,12 +1135,14 @@ def run_soak(
                 config=attrs.asdict(cfg),
                 kills=len(timeline.kills),
                 stop=timeline.stop,
+                stop_held=timeline.stop_held,
                 restart=timeline.restart,
                 resolved_ran=timeline.resolved_ran,
                 resolved_not_ran=timeline.resolved_not_ran,
                 drain_codes=timeline.drain_codes,
                 events=dict(events),
                 unexpected=fleet.unexpected,
+                start_failures=fleet.start_failures,
                 workers_started=len(fleet.all),
                 elapsed=elapsed,
                 machine=machine(),
