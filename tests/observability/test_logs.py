@@ -301,9 +301,10 @@ async def test_wake_live_and_unverified(
 
     import psycopg
 
-    from trio_jobs.drivers.postgres import _wake, postgres_driver
+    from trio_jobs.drivers import _push_wake
+    from trio_jobs.drivers.postgres import postgres_driver
 
-    monkeypatch.setattr(_wake, "PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(_push_wake, "PROBE_TIMEOUT", 1.0)
     schema = f"tj_logs_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')

@@ -103,6 +103,10 @@ def _key(name: str, tenant_id: str | None, key: str) -> tuple[str, str | None, s
     return (name, tenant_id, key)
 
 
+#: A counter cell holds done, retried, failed, dead, then the summed duration.
+_COUNTER_FIELDS = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
+
+
 def _live_key(row: _Row) -> tuple[str, str | None, str]:
     return _key(row.name, row.tenant_id, row.idempotency_key)
 
@@ -441,7 +445,8 @@ class MemoryDriver:
             steps=sorted(self._steps[row.id].values(), key=_seq) if row.id in self._steps else [],
         )
 
-    def _owned(self, job_id: str, fence: Fence) -> _Row | None:
+    def _owned(self, job_id: str, fence: Fence, now: float | None = None) -> _Row | None:
+        # ``now``: the caller's one reading of the clock, as one statement has one now().
         row = self._rows.get(job_id)
         if row is None:
             return None
@@ -449,9 +454,9 @@ class MemoryDriver:
             return row
         if _planted.active("unfenced-settle"):
             return row  # no fence, no lease: whoever calls, lands
-        if row.state != "running" or row.fence != fence:
+        if row.state != "running" or (row.fence is not fence and row.fence != fence):
             return None
-        if row.lease_expires_at <= self.now():
+        if row.lease_expires_at <= (self.now() if now is None else now):
             return None
         return row
 
@@ -463,7 +468,7 @@ class MemoryDriver:
     def _count(self, name: str, now: float, field: str, duration: float | None = None) -> None:
         bucket = math.floor(now / 60.0) * 60.0
         cell = self._counters.setdefault((bucket, name), [0, 0, 0, 0, 0.0])
-        cell[("done", "retried", "failed", "dead").index(field)] += 1
+        cell[_COUNTER_FIELDS[field]] += 1
         if duration is not None:
             cell[4] += duration
 
@@ -471,10 +476,10 @@ class MemoryDriver:
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         self._check_open()
-        row = self._owned(job_id, options.fence)
+        now = self.now()
+        row = self._owned(job_id, options.fence, now)
         if row is None:
             return False
-        now = self.now()
         row.state = "done"
         row.result = options.result
         row.settled_fence = options.fence
@@ -490,10 +495,10 @@ class MemoryDriver:
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         self._check_open()
-        row = self._owned(job_id, options.fence)
+        now = self.now()
+        row = self._owned(job_id, options.fence, now)
         if row is None:
             return False
-        now = self.now()
         if not options.counted:
             row.attempts -= 1
         if options.max_attempts is not None:
@@ -539,7 +544,7 @@ class MemoryDriver:
             if row is not None and row.state == "cancelled" and row.fence is None:
                 out.append(HeartbeatStatus.CANCELLED)
                 continue
-            owned = self._owned(req.job_id, req.fence)
+            owned = self._owned(req.job_id, req.fence, now)
             if owned is None:
                 out.append(HeartbeatStatus.LOST)
                 continue
@@ -547,9 +552,10 @@ class MemoryDriver:
             if req.progress is not None:
                 owned.progress = req.progress
             self._index_running(owned)
-            for lkey, (holder, fence, _exp) in list(self._leases.items()):
-                if holder == req.job_id and fence == req.fence:
-                    self._leases[lkey] = (holder, fence, now + visibility_timeout)
+            if self._leases:
+                for lkey, (holder, fence, _exp) in list(self._leases.items()):
+                    if holder == req.job_id and fence == req.fence:
+                        self._leases[lkey] = (holder, fence, now + visibility_timeout)
             out.append(HeartbeatStatus.OK)
         return out
 
@@ -577,7 +583,7 @@ class MemoryDriver:
     # ------------------------------------------------------------------ leases
 
     def _release_leases(self, job_id: str) -> None:
-        if _planted.active("lease-not-released"):
+        if _planted.active("lease-not-released") or not self._leases:
             return
         for lkey in [k for k, v in self._leases.items() if v[0] == job_id]:
             del self._leases[lkey]

@@ -28,10 +28,11 @@ from ...errors import ErrorCode, JobsError
 from ...outbox._codec import encode_event, encode_job
 from ...outbox._protocol import OutboxBatch, OutboxRow, OutboxStore
 from .._protocol import ENQUEUE_CHUNK, EnqueueRequest, EnqueueResult
+from .._push_wake import PROBE_PREFIX
 from ._bridge import Row, Transaction
 from ._driver import NOTIFY_INTERVAL, PostgresDriver
 from ._sql import query
-from ._wake import PROBE_PREFIX, PgWake
+from ._wake import PgWake
 
 __all__ = ["PostgresOutbox", "postgres_outbox"]
 

@@ -17,32 +17,20 @@ false, so the worker keeps its short poll ceiling.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import trio
 
+from .._push_wake import PushWake
 from ._bridge import TrioConnection, connect
 
 __all__ = ["PgWake"]
 
 logger = logging.getLogger("trio_jobs.postgres")
 
-#: A payload no queue can have: the probe's, then a per-session token.
-PROBE_PREFIX = "\x1fprobe:"
-#: How long the probe may take to come back before the wake is called unverified.
-PROBE_TIMEOUT = 5.0
 
-
-class _Waiter:
-    __slots__ = ("event", "queues")
-
-    def __init__(self, queues: frozenset[str]) -> None:
-        self.queues = queues
-        self.event = trio.Event()
-
-
-class PgWake:
+class PgWake(PushWake):
     """A :class:`~trio_jobs.drivers.WakeSource` over ``LISTEN``/``NOTIFY``.
 
     ``start`` is called by the driver to run the session in its service nursery,
@@ -59,60 +47,15 @@ class PgWake:
     ) -> None:
         self.channel = channel
         self._conninfo = conninfo
-        self._send_probe = send_probe
-        self._start = start
-        self._waiters: set[_Waiter] = set()
-        self._pending: set[str] = set()
-        self._started = False
-        self._probe_token: str | None = None
-        self._probe_back = trio.Event()
-        self._reported_unverified = False
-        #: True once a probe sent through the pool came back on the session.
-        self.live = False
-        #: How many notifications the session has delivered (tests, metrics).
-        self.received = 0
-        #: How many times the session (re)connected.
-        self.sessions = 0
-
-    def reset(self) -> None:
-        """Forget the session (the driver reopened: the next wait starts a new one)."""
-        self._started = False
-        self.live = False
-
-    # ------------------------------------------------------------------ waiting
-
-    def fire(self, queues: Sequence[str] | None = None) -> None:
-        """Wake every waiter on any of ``queues`` (``None``: everyone)."""
-        woke = False
-        for waiter in list(self._waiters):
-            if queues is None or not waiter.queues.isdisjoint(queues):
-                waiter.event.set()
-                self._waiters.discard(waiter)
-                woke = True
-        if not woke and queues is not None:
-            # Nobody is waiting on it yet (a worker between its claim and its
-            # wait): the next wait on that queue returns at once.
-            self._pending.update(queues)
-
-    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
-        if not self._started:
-            self._started = True
-            self._start(self.run)
-        wanted = frozenset(queues)
-        hit = self._pending & wanted
-        if hit:
-            self._pending -= hit
-            await trio.lowlevel.checkpoint()
-            return True
-        waiter = _Waiter(wanted)
-        self._waiters.add(waiter)
-        try:
-            with trio.move_on_after(timeout):
-                await waiter.event.wait()
-                return True
-            return False
-        finally:
-            self._waiters.discard(waiter)
+        super().__init__(
+            send_probe,
+            start,
+            logger=logger,
+            log_fields={"channel": channel},
+            unverified_hint="a probe sent through the pool never came back on the LISTEN "
+            "session (PgBouncer in transaction mode?); the worker keeps its 2 s poll "
+            "ceiling. Give workers a direct or session-pooled DATABASE_URL.",
+        )
 
     # ------------------------------------------------------------------ the session
 
@@ -161,40 +104,3 @@ class PgWake:
                     self._deliver(note.extra.decode("utf-8", "replace"))
                 if pgconn.status != psycopg.pq.ConnStatus.OK:
                     raise psycopg.OperationalError("the LISTEN session closed")
-
-    def _deliver(self, payload: str) -> None:
-        self.received += 1
-        if payload.startswith(PROBE_PREFIX):
-            if payload == self._probe_token:
-                self._probe_back.set()
-            return
-        self.fire([payload])
-
-    async def _probe(self, session: int) -> None:
-        self._probe_token = f"{PROBE_PREFIX}{id(self)}:{session}"
-        self._probe_back = trio.Event()
-        try:
-            await self._send_probe(self._probe_token)
-        except Exception:
-            pass
-        with trio.move_on_after(PROBE_TIMEOUT):
-            await self._probe_back.wait()
-            if not self.live:
-                logger.info(
-                    "jobs.wake.live", extra={"event": "jobs.wake.live", "channel": self.channel}
-                )
-            self.live = True
-            return
-        self.live = False
-        if not self._reported_unverified:
-            self._reported_unverified = True
-            logger.warning(
-                "jobs.wake.unverified",
-                extra={
-                    "event": "jobs.wake.unverified",
-                    "channel": self.channel,
-                    "hint": "a probe sent through the pool never came back on the LISTEN "
-                    "session (PgBouncer in transaction mode?); the worker keeps its 2 s "
-                    "poll ceiling. Give workers a direct or session-pooled DATABASE_URL.",
-                },
-            )

@@ -16,30 +16,19 @@ command pool; when it comes back on the subscription the wake is live
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from .._push_wake import PushWake
 
 __all__ = ["RedisWake"]
 
 logger = logging.getLogger("trio_jobs.redis")
 
-#: A message no queue can be named: the probe's prefix.
-PROBE_PREFIX = "\x1fprobe:"
-#: How long the probe may take to come back before the wake is called unverified.
-PROBE_TIMEOUT = 5.0
 
-
-class _Waiter:
-    __slots__ = ("event", "queues")
-
-    def __init__(self, queues: frozenset[str]) -> None:
-        self.queues = queues
-        self.event = trio.Event()
-
-
-class RedisWake:
+class RedisWake(PushWake):
     """A :class:`~trio_jobs.drivers.WakeSource` over Redis pub/sub.
 
     ``subscribe`` is an async context manager factory yielding an async iterator
@@ -56,60 +45,14 @@ class RedisWake:
         start: Callable[[Callable[[], Awaitable[None]]], None],
     ) -> None:
         self._subscribe = subscribe
-        self._send_probe = send_probe
-        self._start = start
-        self._waiters: set[_Waiter] = set()
-        self._pending: set[str] = set()
-        self._started = False
-        self._probe_token: str | None = None
-        self._probe_back = trio.Event()
-        self._reported_unverified = False
-        #: True once a probe published through the pool came back on the subscription.
-        self.live = False
-        #: How many messages the subscription has delivered (tests, metrics).
-        self.received = 0
-        #: How many times the subscription (re)connected.
-        self.sessions = 0
-
-    def reset(self) -> None:
-        """Forget the session (the driver reopened: the next wait starts a new one)."""
-        self._started = False
-        self.live = False
-
-    # ------------------------------------------------------------------ waiting
-
-    def fire(self, queues: Sequence[str] | None = None) -> None:
-        """Wake every waiter on any of ``queues`` (``None``: everyone)."""
-        woke = False
-        for waiter in list(self._waiters):
-            if queues is None or not waiter.queues.isdisjoint(queues):
-                waiter.event.set()
-                self._waiters.discard(waiter)
-                woke = True
-        if not woke and queues is not None:
-            # Nobody waits on it yet (a worker between its claim and its wait):
-            # the next wait on that queue returns at once.
-            self._pending.update(queues)
-
-    async def wait(self, queues: Sequence[str], timeout: float) -> bool:
-        if not self._started:
-            self._started = True
-            self._start(self.run)
-        wanted = frozenset(queues)
-        hit = self._pending & wanted
-        if hit:
-            self._pending -= hit
-            await trio.lowlevel.checkpoint()
-            return True
-        waiter = _Waiter(wanted)
-        self._waiters.add(waiter)
-        try:
-            with trio.move_on_after(timeout):
-                await waiter.event.wait()
-                return True
-            return False
-        finally:
-            self._waiters.discard(waiter)
+        super().__init__(
+            send_probe,
+            start,
+            logger=logger,
+            log_fields={},
+            unverified_hint="a probe published through the pool never came back on the "
+            "subscription; the worker keeps its 2 s poll ceiling",
+        )
 
     # ------------------------------------------------------------------ the session
 
@@ -150,36 +93,3 @@ class RedisWake:
                 self._deliver(str(data))
             nursery.cancel_scope.cancel()
         raise ConnectionError("the subscription ended")
-
-    def _deliver(self, payload: str) -> None:
-        self.received += 1
-        if payload.startswith(PROBE_PREFIX):
-            if payload == self._probe_token:
-                self._probe_back.set()
-            return
-        self.fire([payload])
-
-    async def _probe(self, session: int) -> None:
-        self._probe_token = f"{PROBE_PREFIX}{id(self)}:{session}"
-        self._probe_back = trio.Event()
-        try:
-            await self._send_probe(self._probe_token)
-        except Exception:
-            pass
-        with trio.move_on_after(PROBE_TIMEOUT):
-            await self._probe_back.wait()
-            if not self.live:
-                logger.info("jobs.wake.live", extra={"event": "jobs.wake.live"})
-            self.live = True
-            return
-        self.live = False
-        if not self._reported_unverified:
-            self._reported_unverified = True
-            logger.warning(
-                "jobs.wake.unverified",
-                extra={
-                    "event": "jobs.wake.unverified",
-                    "hint": "a probe published through the pool never came back on the "
-                    "subscription; the worker keeps its 2 s poll ceiling",
-                },
-            )
