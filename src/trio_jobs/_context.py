@@ -224,7 +224,15 @@ _ARITY: dict[Any, bool] = {}
 def _wants_signal(fn: Callable[..., Any]) -> bool:
     # A lambda is a new object every call; its code object is not: cache on it.
     code = getattr(fn, "__code__", None)
-    if code is not None and not getattr(fn, "__defaults__", None) and not hasattr(fn, "__self__"):
+    if (
+        code is not None
+        and not getattr(fn, "__defaults__", None)
+        and not hasattr(fn, "__self__")
+        # inspect.signature follows these: two wrappers sharing a code object may
+        # present different signatures.
+        and not hasattr(fn, "__wrapped__")
+        and not hasattr(fn, "__signature__")
+    ):
         found = _ARITY.get(code)
         if found is None:
             found = _ARITY[code] = _signature_wants_signal(fn)

@@ -411,3 +411,37 @@ class TestThroughAWorker:
             ("one", 1, 1),
             ("two", 2, 1),
         ]
+
+
+async def test_wrapped_step_fns_sharing_a_decorator_each_get_their_own_signature(
+    autojump_clock: object,
+) -> None:
+    import functools
+
+    from trio_jobs import Signal, job
+    from trio_jobs.testing import open_harness
+
+    def passthrough(fn):  # type: ignore[no-untyped-def]
+        @functools.wraps(fn)
+        def wrapper(*args):  # type: ignore[no-untyped-def]
+            return fn(*args)
+
+        return wrapper
+
+    @passthrough
+    def no_signal() -> str:
+        return "a"
+
+    @passthrough
+    def takes_signal(signal: Signal) -> str:
+        assert isinstance(signal, Signal)
+        return "b"
+
+    @job(idempotency_key=lambda _i: "wrapped")
+    async def wrapped(ctx: JobContext[None]) -> list[str]:
+        return [await ctx.step.run("a", no_signal), await ctx.step.run("b", takes_signal)]
+
+    async with open_harness(jobs=[wrapped]) as h:
+        trace = await h.run(wrapped, None)
+    assert trace.state == "done"
+    assert trace.result == ["a", "b"]

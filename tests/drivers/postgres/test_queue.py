@@ -270,3 +270,10 @@ async def test_the_database_clock_decides(
 def test_psycopg_is_real() -> None:
     assert psycopg.pq.version() >= 140000
     assert uuid.UUID(str(uuid.uuid4()))
+
+
+def test_the_event_poll_backstop_is_fifteen_minutes() -> None:
+    from trio_jobs.drivers.postgres import postgres_driver
+
+    # A publish wakes its waiters in the same statement; the poll is only the backstop.
+    assert postgres_driver("postgresql://unused@127.0.0.1/x").event_poll_default == 900.0

@@ -140,6 +140,10 @@ class PostgresDriver:
     """The PostgreSQL driver. See :func:`~trio_jobs.drivers.postgres.postgres_driver`."""
 
     name = "postgres"
+    #: How often a waiting run re-checks for its event when the job declares no
+    #: ``event_poll``: a publish makes its waiters due in the same statement, so
+    #: this is only the backstop (the spec's 15 min).
+    event_poll_default = 900.0
 
     def __init__(
         self,
