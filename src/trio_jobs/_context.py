@@ -160,8 +160,7 @@ class RunState:
 
     async def put(self, record: StepRecord) -> None:
         """A fenced, durable step write; a refused fence is a lost lease."""
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + WRITE_BUDGET
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
             landed = await self.driver.steps.put(self.claimed.id, self.claimed.fence, record)
         if scope.cancelled_caught:
             landed = False

@@ -143,6 +143,12 @@ def _progress_due(state: RunState | None, now: float) -> bool:
     )
 
 
+def _bounded_shield() -> trio.CancelScope:
+    """One shielded scope with the write budget as its own deadline: a write that
+    must land past a cancel, but never hangs (one scope, not two, on the settle path)."""
+    return trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET)
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -425,7 +431,7 @@ class Worker:
             self._observer.worker_stopped(self.id, self.stats().capacity)
             intro = self.driver.introspect
             if intro is not None and not until_quiet:
-                with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+                with _bounded_shield():
                     try:
                         await intro.remove_worker(self.id)
                     except Exception:
@@ -996,7 +1002,7 @@ class Worker:
         except trio.Cancelled:
             # The worker's own scope is going away: a drain with no budget.
             state.signal.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
-            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+            with _bounded_shield():
                 if not state.lost:
                     await self._nack(
                         held,
@@ -1064,7 +1070,7 @@ class Worker:
         if held is not None:
             held.settling = True
         try:
-            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_BUDGET):
+            with _bounded_shield():
                 try:
                     landed = bool(await call)
                 except JobsError as exc:
