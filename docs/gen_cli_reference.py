@@ -82,8 +82,14 @@ Every subcommand takes `--json` and `--database-url DSN` anywhere after its name
   (`--database-url`, `$DATABASE_URL` or the embedded server).
 - **Exit codes**: `0` done; `1` a refusal, printing its `X_*` code (`X_CODE: message` on
   stderr, or `{"ok": false, "error": {"code": "X_...", "message": "..."}}` on stdout with
-  `--json`); `2` a usage error (click's message: a missing `--reason`, an unknown
-  `--state`); `3` a worker that abandoned jobs at its drain deadline.
+  `--json`); `2` a usage error (an unknown option or command, a missing `--reason`, an
+  unknown `--state`, `--limit abc`), printed the same way with `X_CONFIG_INVALID` and the
+  command's `--help`; `3` a worker that abandoned jobs at its drain deadline.
+- **Bad arguments** are refused before any I/O where the command can tell on its own: a
+  job ID that is not a UUID (`X_JOB_NOT_FOUND`), a queue, job or step name no job can
+  have, a NUL character or text that is not UTF-8, an empty `--database-url`, a port out
+  of range, a worker target that is not `MODULE[:ATTR]` (`X_CONFIG_INVALID`). A message
+  names the flag and what to write instead, never the refused value.
 - **Durations** take the Python forms (`250ms`, `2s`, `15m`, `1h`, `7d`, or seconds).
   `WHEN` flags take an ISO 8601 datetime (UTC when it has no offset) or a duration ago.
 - **Sensitive jobs**: a job declared `sensitive=True` is marked on its row at enqueue, so

@@ -23,6 +23,7 @@ __all__ = [
     "common_options",
     "configure_logging",
     "duration",
+    "refusal_text",
     "refuse",
     "resolve_database",
     "run",
@@ -63,7 +64,9 @@ class Database:
 async def resolve_database(url: str | None) -> Database:
     """``--database-url``, else ``$DATABASE_URL``, else the embedded server under
     ``./.trio-jobs/`` (started when it is not running)."""
-    if url:
+    if url is not None:
+        # An explicit flag is used as given: an empty one is refused, never
+        # taken for "unset" (that would quietly open another database).
         return Database(_checked(url, "--database-url"), "--database-url")
     env = os.environ.get("DATABASE_URL")
     if env:
@@ -75,16 +78,23 @@ async def resolve_database(url: str | None) -> Database:
 
 
 def _checked(dsn: str, source: str) -> str:
-    """Refuse a connection string psycopg cannot parse, without echoing it."""
+    """Refuse a connection string psycopg cannot parse, without echoing it.
+
+    An empty one, and one with a NUL (libpq would read it only up to the NUL),
+    would connect with libpq's defaults instead: refused too."""
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
+    fix = "pass a URI (postgresql://user@host/db) or a libpq key=value string"
+    if not dsn.strip():
+        raise config_error(f"{source} is empty; {fix}, or leave it out for the embedded server")
     try:
+        if "\x00" in dsn:
+            raise ValueError("NUL")
         conninfo_to_dict(dsn)
-    except ProgrammingError:
+    except (ProgrammingError, ValueError):  # ValueError: NUL, or not UTF-8
         raise config_error(
-            f"{source} does not parse as a PostgreSQL connection string; pass a URI "
-            "(postgresql://user@host/db) or a libpq key=value string"
+            f"{source} does not parse as a PostgreSQL connection string; {fix}"
         ) from None
     return dsn
 
@@ -96,17 +106,22 @@ def _jobs_error(exc: BaseException) -> JobsError | None:
     return exc if isinstance(exc, JobsError) else None
 
 
-def refuse(error: JobsError, as_json: bool) -> NoReturn:
-    """Print the refusal with its ``X_*`` code and exit non-zero."""
+def refusal_text(error: JobsError, as_json: bool) -> tuple[str, bool]:
+    """What a refusal prints, and whether on stderr: ``X_CODE: message``, or with
+    ``--json`` the ``{"ok": false, "error": ...}`` body on stdout."""
+    # A message is text the terminal can print, whatever reached it.
+    message = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
     if as_json:
-        click.echo(
-            orjson.dumps(
-                {"ok": False, "error": {"code": str(error.code), "message": error.message}}
-            ).decode()
-        )
-    else:
-        click.echo(f"{error.code}: {error.message}", err=True)
-    sys.exit(EXIT_REFUSED)
+        body = {"ok": False, "error": {"code": str(error.code), "message": message}}
+        return orjson.dumps(body).decode(), False
+    return f"{error.code}: {message}", True
+
+
+def refuse(error: JobsError, as_json: bool, exit_code: int = EXIT_REFUSED) -> NoReturn:
+    """Print the refusal with its ``X_*`` code and exit non-zero."""
+    text, to_stderr = refusal_text(error, as_json)
+    click.echo(text, err=to_stderr)
+    sys.exit(exit_code)
 
 
 def run(fn: Callable[..., Awaitable[T]], *args: Any, as_json: bool) -> T:
@@ -159,11 +174,18 @@ def log_event(level: int, event: str, **fields: Any) -> None:
 
 
 def guarded(fn: F) -> F:
-    """A click command body whose JobsError (raised outside ``run``) is a refusal."""
+    """A click command body whose JobsError (raised outside ``run``) is a refusal.
+
+    Every text argument is checked first (no NUL, valid UTF-8: see
+    :func:`~trio_jobs.cli._args.check_text`), before the body runs any I/O."""
+    from ._args import check_arguments
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:
+                check_arguments(ctx, kwargs)
             return fn(*args, **kwargs)
         except JobsError as exc:
             refuse(exc, bool(kwargs.get("as_json")))

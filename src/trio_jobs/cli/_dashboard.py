@@ -13,29 +13,62 @@ import trio
 from ..errors import ErrorCode, JobsError
 from ._common import log_event, resolve_database
 
-__all__ = ["load_attr", "serve_dashboard"]
+__all__ = ["check_host", "load_attr", "serve_dashboard"]
+
+_NO_AUTH = (
+    "bind 127.0.0.1, or pass --auth MODULE:ATTR (a function of the request answering True "
+    "for an operator)"
+)
+
+
+def check_host(host: str, has_auth: bool) -> None:
+    """Refuse, before anything opens, a host nothing can bind, or one that is not
+    loopback without an auth hook. The host is never echoed."""
+    from ..web._security import is_loopback_host
+
+    if not host or host != host.strip():
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            "--host is an address to bind (127.0.0.1, ::1, 0.0.0.0), without spaces",
+        )
+    if not has_auth and not is_loopback_host(host):
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            f"refusing to serve the dashboard on a --host that is not loopback without an auth "
+            f"hook: {_NO_AUTH}",
+        )
 
 
 def load_attr(target: str, what: str) -> Any:
     """``module:attr`` → the object, or ``X_CONFIG_INVALID`` saying what was wrong."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise JobsError(
-            ErrorCode.X_CONFIG_INVALID, f"{what} takes MODULE:ATTR, e.g. myapp.admin:auth"
-        )
+    from ._args import check_target
+
+    module_name, attr = check_target(target, what)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID,
-            f"{what}: cannot import {module_name!r} ({type(exc).__name__})",
+            f"{what}: cannot import {module_name!r} ({type(exc).__name__}); run from the "
+            "folder that holds it, or put it on PYTHONPATH",
         ) from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
+    except Exception as exc:
         raise JobsError(
-            ErrorCode.X_CONFIG_INVALID, f"{what}: {module_name!r} has no {attr!r}"
+            ErrorCode.X_CONFIG_INVALID,
+            f"{what}: importing {module_name!r} raised {type(exc).__name__}; run "
+            f'`python -c "import {module_name}"` to see the traceback',
         ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise JobsError(ErrorCode.X_CONFIG_INVALID, f"{what}: {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            f"{what} must name a function of the request answering True for an operator",
+        )
+    return obj
 
 
 async def serve_dashboard(
@@ -55,8 +88,8 @@ async def serve_dashboard(
         # Refused before anything opens or binds.
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID,
-            f"refusing to serve the dashboard on {host!r} without an auth hook: bind 127.0.0.1, "
-            "or pass --auth MODULE:ATTR (a function of the request answering True for an operator)",
+            f"refusing to serve the dashboard on a --host that is not loopback without an auth "
+            f"hook: {_NO_AUTH}",
         )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         db = await resolve_database(database_url)

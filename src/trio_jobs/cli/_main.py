@@ -4,7 +4,10 @@ Every subcommand takes ``--json`` and ``--database-url`` anywhere after its
 name. The database is ``--database-url``, else ``$DATABASE_URL``, else the
 embedded PostgreSQL under ``./.trio-jobs/`` (started on demand); a subcommand
 that touches it migrates it first. A refusal exits 1 printing its ``X_*``
-code; a worker that abandons jobs at its drain deadline exits 3.
+code; a usage error (click's: an unknown option, a missing value) exits 2,
+printed the same way as ``X_CONFIG_INVALID`` (``_usage.py``); a worker that
+abandons jobs at its drain deadline exits 3. Arguments are checked before any
+I/O where the command can tell on its own (``_args.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ._common import (
     EXIT_ABANDONED,
     EXIT_REFUSED,
     common_options,
+    config_error,
     configure_logging,
     duration,
     flush_logs,
@@ -28,11 +32,12 @@ from ._common import (
     run,
 )
 from ._operate import OPERATOR_COMMANDS
+from ._usage import JobsGroup
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=JobsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="trio-jobs", prog_name="trio-jobs")
 def main() -> None:
     """Durable background jobs and workflows on Trio."""
@@ -65,8 +70,13 @@ def dev(orgs: int, serve: bool, port: int, as_json: bool, database_url: str | No
     onboarding workflow in one transaction, runs it to completion with a real
     worker and prints the result table.
     """
+    from ..drivers._protocol import MAX_ENQUEUE_BATCH
+    from ._args import check_port
     from ._dev import _print_rows, run_example
 
+    if not 1 <= orgs <= MAX_ENQUEUE_BATCH:
+        raise config_error(f"--orgs is how many runs to enqueue: 1 to {MAX_ENQUEUE_BATCH}")
+    check_port(port)
     configure_logging(as_json, logging.WARNING)
     out = run(run_example, orgs, serve, database_url, port, as_json=as_json)
     rows = out["rows"]
@@ -119,10 +129,13 @@ def dashboard(
     Without --auth only loopback clients are served, and a non-loopback --host
     is refused with X_CONFIG_INVALID. Ctrl-C (or SIGTERM) stops it.
     """
-    from ._dashboard import load_attr, serve_dashboard
+    from ._args import check_port
+    from ._dashboard import check_host, load_attr, serve_dashboard
 
+    check_port(port)
+    check_host(host, auth_target is not None)
     configure_logging(as_json, logging.WARNING)
-    auth = load_attr(auth_target, "--auth") if auth_target else None
+    auth = load_attr(auth_target, "--auth") if auth_target is not None else None
 
     def announce(urls: list[str]) -> None:
         if as_json:
@@ -214,12 +227,12 @@ def worker(
     """Run a worker for the jobs of MODULE (every job at its top level), or of
     the list MODULE:ATTR. SIGTERM drains it (exit 0 once drained); a second
     SIGTERM, or the drain deadline, abandons the held jobs (exit 3)."""
-    from ._worker import WorkerOptions, check_settings, parse_concurrency, serve
+    from ._worker import WorkerOptions, check_settings, parse_concurrency, parse_queues, serve
 
     configure_logging(as_json)
     opts = WorkerOptions(
         target=target,
-        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        queues=parse_queues(queues),
         concurrency=parse_concurrency(concurrency),
         max_in_flight=max_in_flight,
         visibility_timeout=duration(visibility_timeout),

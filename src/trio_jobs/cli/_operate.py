@@ -39,6 +39,16 @@ from ..drivers._protocol import (
     WorkerInfo,
 )
 from ..errors import ErrorCode, JobsError
+from ._args import (
+    check_id,
+    check_id_prefix,
+    check_job_name,
+    check_page,
+    check_queue,
+    check_reason,
+    check_step,
+    check_tenant,
+)
 from ._common import EXIT_REFUSED, common_options, config_error, configure_logging, guarded, run
 
 if TYPE_CHECKING:
@@ -244,6 +254,13 @@ def _json_arg(text: str, flag: str) -> Any:
         raise config_error(f"{flag} must be JSON (quote a string: --output '\"sent\"')") from None
 
 
+def _check_scope(queue: str | None, name: str | None, tenant: str | None) -> None:
+    """``--queue``, ``--name`` and ``--tenant``, checked before any I/O."""
+    check_queue(queue, "--queue")
+    check_job_name(name, "--name")
+    check_tenant(tenant)
+
+
 def _one_or_bulk(job_id: str | None, state: str | None, **scope: str | None) -> None:
     given = [f"--{k.replace('_', '-')}" for k, v in scope.items() if v is not None]
     if job_id is not None and (state is not None or given):
@@ -256,6 +273,8 @@ def _one_or_bulk(job_id: str | None, state: str | None, **scope: str | None) -> 
             "name a job ID, or pass --state (and optionally --queue/--name/--tenant) for "
             "every matching job"
         )
+    if job_id is not None:
+        check_id(job_id)
 
 
 # --------------------------------------------------------------------------- the database
@@ -553,6 +572,9 @@ def list_command(
     The footer prints the --after cursor of the next (older) page and the
     --before cursor of the previous (newer) one.
     """
+    _check_scope(queue, name, tenant)
+    check_id_prefix(id_prefix)
+    check_page(limit, after, before)
     start = parse_moment(created_from, "--created-from")
     end = parse_moment(created_to, "--created-to")
 
@@ -596,6 +618,7 @@ def show_command(job_id: str, as_json: bool, database_url: str | None) -> None:
     A job declared sensitive=True (or a row that does not say) shows its
     payload, result, step outputs and keys as [redacted].
     """
+    check_id(job_id)
 
     async def go(jobs: Jobs) -> tuple[JobView, float]:
         return await jobs.show(job_id), float(jobs.driver.now())
@@ -623,6 +646,8 @@ def retry_command(
 ) -> None:
     """Requeue a finished job (done, failed, dead or cancelled) with its
     attempts reset; completed steps replay from storage."""
+    check_id(job_id)
+    check_step(from_step, "--from-step")
 
     async def go(jobs: Jobs) -> JobView:
         return await jobs.requeue(job_id, from_step)
@@ -644,6 +669,8 @@ def retry_command(
 def cancel_command(job_id: str, reason: str, as_json: bool, database_url: str | None) -> None:
     """Cancel a live job (ready, delayed, running or suspended). A running body
     hears X_ABORTED at its next heartbeat."""
+    check_id(job_id)
+    check_reason(reason)
 
     async def go(jobs: Jobs) -> JobView:
         return await jobs.cancel(job_id, reason)
@@ -680,11 +707,18 @@ def resolve_step_command(
     """Resolve a once step whose outcome is unknown (the run stopped on
     X_STEP_OUTCOME_UNKNOWN): it ran, with --output, or it did not, and runs
     again. Then `trio-jobs retry ID`."""
+    check_id(job_id)
+    check_step(step, "STEP")
     if ran is None:
         raise config_error("say what happened: --ran (with --output JSON) or --not-ran")
     if not ran and output is not None:
         raise config_error("--output goes with --ran: a step that did not run has no output")
     value = _json_arg(output, "--output") if output is not None else None
+    if value is not None:
+        from .._serialization import payload_form
+
+        # The facade's own check, before the database is opened.
+        payload_form(value, what="--output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE)
 
     async def go(jobs: Jobs) -> None:
         await jobs.resolve_step(job_id, step, ran=ran, output=value)
@@ -807,6 +841,7 @@ def promote_command(
     """Run a delayed job (or one backing off before a retry) now: one by ID, or
     every job matching --state (and --queue/--name/--tenant)."""
     _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant)
+    _check_scope(queue, name, tenant)
     if job_id is None:
         assert state is not None
         _bulk(
@@ -848,6 +883,7 @@ def remove_command(
     """Delete jobs and their steps: one by ID, or every job matching --state
     (and --queue/--name/--tenant). A running job is refused: cancel it first."""
     _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant)
+    _check_scope(queue, name, tenant)
     if job_id is None:
         assert state is not None
         _bulk(
@@ -887,6 +923,7 @@ def requeue_command(
         raise config_error(
             "pass --state (done, failed, dead or cancelled); one job: trio-jobs retry ID"
         )
+    _check_scope(queue, name, tenant)
     _bulk("requeue", _requeue_many, _bulk_scope(state, queue, name, tenant), as_json, database_url)
 
 
@@ -897,6 +934,7 @@ def requeue_command(
 def pause_command(queue: str, as_json: bool, database_url: str | None) -> None:
     """Pause a queue fleet-wide (within one poll): no worker claims from it;
     enqueues still land."""
+    check_queue(queue, "QUEUE")
 
     async def go(jobs: Jobs) -> list[str]:
         await jobs.pause_queue(queue)
@@ -916,6 +954,7 @@ def pause_command(queue: str, as_json: bool, database_url: str | None) -> None:
 @guarded
 def resume_command(queue: str, as_json: bool, database_url: str | None) -> None:
     """Resume a paused queue (a queue that was not paused is left as it is)."""
+    check_queue(queue, "QUEUE")
 
     async def go(jobs: Jobs) -> list[str]:
         await jobs.resume_queue(queue)
@@ -1008,6 +1047,7 @@ def counters_command(
     """History per job: done, retried, failed and dead settles, and the seconds
     they took, in buckets of 1 minute (last 24 h), 5 minutes (7 d) or 1 hour
     (30 d)."""
+    check_job_name(job_name, "--job")
     moment = parse_moment(since, "--since")
 
     async def go(jobs: Jobs) -> tuple[list[CounterRow], float]:

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import attrs
 import trio
 
 from .._declare import Job
+from ._args import check_queue, check_target
 from ._common import (
     EXIT_ABANDONED,
     config_error,
@@ -32,7 +32,14 @@ from ._common import (
     resolve_database,
 )
 
-__all__ = ["WorkerOptions", "check_settings", "load_jobs", "parse_concurrency", "serve"]
+__all__ = [
+    "WorkerOptions",
+    "check_settings",
+    "load_jobs",
+    "parse_concurrency",
+    "parse_queues",
+    "serve",
+]
 
 #: How long past ``--drain-timeout`` the hand-back writes may take before the
 #: process abandons what it still holds.
@@ -42,9 +49,7 @@ DRAIN_GRACE = 3.0
 def load_jobs(target: str) -> list[Job[Any, Any]]:
     """The jobs ``MODULE[:ATTR]`` names: ``ATTR`` (a job or a list of jobs), or
     every job handle at the module's top level. The current folder is importable."""
-    module_name, _, attr = target.partition(":")
-    if not module_name:
-        raise config_error("name the jobs as MODULE or MODULE:ATTR (e.g. myapp.jobs:all_jobs)")
+    module_name, attr = check_target(target)
     here = str(Path.cwd())
     if here not in sys.path:
         sys.path.insert(0, here)
@@ -69,7 +74,9 @@ def load_jobs(target: str) -> list[Job[Any, Any]]:
             obj = getattr(obj, part)
         if isinstance(obj, Job):
             found = [obj]
-        elif isinstance(obj, Iterable) and not isinstance(obj, str | bytes | Mapping):
+        elif isinstance(obj, list | tuple | set | frozenset):
+            # A collection, never any iterable: iterating a stream or a
+            # generator would read it, or never end.
             items = list(obj)
             if not items or not all(isinstance(h, Job) for h in items):
                 raise config_error(f"{target} must be a job or a non-empty list of jobs")
@@ -89,6 +96,20 @@ def load_jobs(target: str) -> list[Job[Any, Any]]:
     return found
 
 
+def parse_queues(text: str | None) -> list[str] | None:
+    """``--queues q1,q2`` (``None``: every queue the jobs declare)."""
+    if text is None:
+        return None
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    if not queues:
+        raise config_error(
+            "--queues names no queue; pass q1,q2, or leave it out for every queue the jobs declare"
+        )
+    for queue in queues:
+        check_queue(queue, "--queues")
+    return list(dict.fromkeys(queues))
+
+
 def parse_concurrency(text: str) -> int | dict[str, int]:
     """``N`` (every served queue), or ``q1=N,q2=M``."""
     text = text.strip()
@@ -100,12 +121,17 @@ def parse_concurrency(text: str) -> int | dict[str, int]:
     out: dict[str, int] = {}
     for part in text.split(","):
         queue, _, n = part.partition("=")
+        queue = queue.strip()
         try:
-            out[queue.strip()] = int(n)
+            count = int(n)
         except ValueError:
             raise config_error("--concurrency is N or q1=N,q2=M with whole numbers") from None
-        if not queue.strip():
+        if not queue:
             raise config_error("--concurrency names an empty queue")
+        check_queue(queue, "a queue in --concurrency")
+        if queue in out:
+            raise config_error("--concurrency names a queue twice; give each queue one count")
+        out[queue] = count
     return out
 
 
@@ -114,6 +140,7 @@ def check_settings(opts: WorkerOptions) -> None:
     from .._time import parse_duration
     from ..errors import ErrorCode, JobsError
 
+    check_target(opts.target)
     for field in ("visibility_timeout", "drain_timeout", "poll_interval", "idle_poll_max"):
         value = getattr(opts, field)
         if value is not None:
@@ -123,6 +150,11 @@ def check_settings(opts: WorkerOptions) -> None:
     slots = opts.concurrency.values() if isinstance(opts.concurrency, dict) else [opts.concurrency]
     if any(n < 1 for n in slots):
         raise config_error("--concurrency must be a whole number, 1 or more, for every queue")
+    if isinstance(opts.concurrency, dict) and opts.queues is not None:
+        if any(q not in opts.concurrency for q in opts.queues):
+            raise config_error(
+                "--concurrency q1=N,q2=M must give a count for every queue --queues names"
+            )
     if opts.max_in_flight is not None and opts.max_in_flight < 1:
         code = ErrorCode.X_INVARIANT if opts.max_in_flight == 0 else ErrorCode.X_CONFIG_INVALID
         raise JobsError(code, "--max-in-flight must be a whole number, 1 or more")
