@@ -28,14 +28,17 @@ The invariants, precisely (what the design promises; see SOAK.md):
   step's stored output names it;
 * **no effect re-run after its step's record**: step one writes its effect in a
   transaction of its own that commits *before* the worker writes the step's
-  record (the current design offers no way to put both in one transaction), so a
-  crash in between re-runs it. Each such row must be attributable: written by an
+  record (``step.run``: the two are separate transactions), so a crash in
+  between re-runs it. Each such row must be attributable: written by an
   execution whose record never landed, on an attempt earlier than the one whose
   record landed first (an audit trigger on ``trio_jobs_steps`` keeps every
   record that lands). Those are the *explained duplicates*, counted and
   reported; a row written on that attempt or later (a replay that re-ran the
   step), or a step recorded ``completed`` twice, fails the soak;
-* **idempotent upserts hold**: one step-three row per done job, with its value;
+* **no effect doubled that was written in the step's own transaction**: step
+  three inserts its row through ``ctx.step.transaction``, which commits the
+  row with the step's record; at most one step-three row per job, ever, and a
+  done job has exactly the one its record names;
 * **nothing stuck**: no row ``running`` after the drain, every worker drained
   with exit 0, no worker exited on its own, and no driver or worker task died
   (``jobs.postgres.task_failed`` and the like in a worker's log).
@@ -670,8 +673,10 @@ class Figures:
     once_missing: list[str] = attrs.field(factory=list)
     rerun_after_record: list[str] = attrs.field(factory=list)
     recorded_mismatch: list[str] = attrs.field(factory=list)
-    upsert_bad: list[str] = attrs.field(factory=list)
-    upsert_reruns: int = 0
+    #: Step three, written in the step's own transaction: more than one row.
+    tx_doubled: list[str] = attrs.field(factory=list)
+    #: Done jobs whose step-three row is missing or is not the recorded one.
+    tx_missing: list[str] = attrs.field(factory=list)
     #: What left the resolved once steps unknown (filled by the run, not check()).
     unknown_by: dict[str, int] = attrs.field(factory=dict)
     recorded_twice: list[str] = attrs.field(factory=list)
@@ -681,6 +686,9 @@ class Figures:
     explained_by: dict[str, int] = attrs.field(factory=dict)
     effects: dict[int, int] = attrs.field(factory=dict)
     stuck_running: int = 0
+    #: Step three's transactions begun (committed or rolled back): the ones
+    #: beyond the committed rows were rolled back by a crash or a lost fence.
+    three_tries: int = 0
     failures: list[str] = attrs.field(factory=list)
 
 
@@ -756,9 +764,17 @@ def check(
             if len(two) != 1 or rec is None or rec.get("token") != two[0].token:
                 f.once_missing.append(f"{job_id}: {len(two)} step-two effects, record {rec}")
         three = per_job.get((job_id, 3), [])
-        f.upsert_reruns += sum(e.writes - 1 for e in three)
-        if done and (len(three) != 1 or three[0].value != row[3]):
-            f.upsert_bad.append(f"{job_id}: {len(three)} step-three rows")
+        if len(three) > 1:
+            f.tx_doubled.append(f"{job_id}: {len(three)} step-three rows")
+        if done:
+            rec3 = recorded.get((job_id, "three"))
+            if (
+                len(three) != 1
+                or rec3 is None
+                or rec3.get("token") != three[0].token
+                or three[0].value != row[3]
+            ):
+                f.tx_missing.append(f"{job_id}: {len(three)} step-three rows, record {rec3}")
         one = per_job.get((job_id, 1), [])
         # The first record that landed names the execution that ran the step;
         # every other execution must have crashed (or been fenced) before it.
@@ -802,8 +818,10 @@ def check(
         f.failures.append(f"{len(f.rerun_after_record)} effects re-run after their record")
     if f.recorded_mismatch:
         f.failures.append(f"{len(f.recorded_mismatch)} recorded executions without their effect")
-    if f.upsert_bad:
-        f.failures.append(f"{len(f.upsert_bad)} done jobs without their one upserted row")
+    if f.tx_doubled:
+        f.failures.append(f"{len(f.tx_doubled)} effects doubled in the step's own transaction")
+    if f.tx_missing:
+        f.failures.append(f"{len(f.tx_missing)} done jobs without exactly their recorded row")
     if f.recorded_twice:
         f.failures.append(f"{len(f.recorded_twice)} steps recorded completed twice")
     return f
@@ -887,6 +905,14 @@ async def _read(dsn: str) -> tuple[list[Any], list[Any], list[Effect], list[Any]
     return jobs, steps, effects, log, int(stuck)
 
 
+async def _three_tries(dsn: str) -> int:
+    """How many times step three's transaction began (its sequence counts each)."""
+    rows = await _query(
+        dsn, "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM soak_three_tries"
+    )
+    return int(rows[0][0])
+
+
 async def _started_at(dsn: str, job_ids: Sequence[str]) -> dict[str, float]:
     """When step two's ``started`` first landed, for ``job_ids``."""
     rows = await _query(
@@ -958,9 +984,14 @@ def render(
             not f.recorded_mismatch,
         ),
         (
-            "done jobs without their one upserted row (step three)",
-            len(f.upsert_bad),
-            not f.upsert_bad,
+            "effects doubled that were written in the step's own transaction (step three)",
+            len(f.tx_doubled),
+            not f.tx_doubled,
+        ),
+        (
+            "done jobs without exactly their recorded row (step three)",
+            len(f.tx_missing),
+            not f.tx_missing,
         ),
         ("rows stuck `running` after the drain", f.stuck_running, f.stuck_running == 0),
         ("workers that exited on their own", len(fleet.unexpected), not fleet.unexpected),
@@ -993,10 +1024,10 @@ def render(
         f"{timeline.resolved_ran + timeline.resolved_not_ran} (ran {timeline.resolved_ran}, "
         f"not ran {timeline.resolved_not_ran}; "
         f"{', '.join(f'{k} {v}' for k, v in sorted(f.unknown_by.items())) or 'none'}) |",
-        f"| idempotent re-runs of step three (same row rewritten) | {f.upsert_reruns} |",
         f"| effect rows, steps one / two / three | {f.effects.get(1, 0)} / {f.effects.get(2, 0)} / "
         f"{f.effects.get(3, 0)} |",
-        "| effects written in the step record's own transaction | n/a: not offered (SOAK.md) |",
+        "| step three's transactions rolled back with their effect (a crash inside them) | "
+        f"{max(0, f.three_tries - f.effects.get(3, 0))} of {f.three_tries} begun |",
         f"| SIGKILLs (each followed by a replacement) | {len(timeline.kills)} |",
         f"| SIGSTOP past the {cfg.visibility_timeout:g} s visibility timeout | "
         + (
@@ -1031,7 +1062,8 @@ def _details(f: Figures, fleet: Fleet) -> Iterator[str]:
         ("re-run after record", f.rerun_after_record),
         ("recorded mismatch", f.recorded_mismatch),
         ("recorded twice", f.recorded_twice),
-        ("upsert", f.upsert_bad),
+        ("transaction doubled", f.tx_doubled),
+        ("transaction missing", f.tx_missing),
         ("unexpected exits", fleet.unexpected),
         ("exited before ready (replaced)", fleet.start_failures),
         ("task crashes", fleet.crash_lines()),
@@ -1094,6 +1126,7 @@ def run_soak(
             allow_unknown=not cfg.resolve,
         )
         figures.stuck_running = stuck
+        figures.three_tries = trio.run(_three_tries, server.dsn)
         figures.unknown_by = unknown_causes(
             trio.run(_started_at, server.dsn, timeline.requeued),
             timeline.unknown_tokens,

@@ -20,8 +20,12 @@ row it finds:
     (``X_STEP_OUTCOME_UNKNOWN``, terminal): the soak resolves it from the app
     table, as an operator would, and retries the job.
 ``three``
-    An idempotent upsert keyed by the job id: a re-run rewrites the same row
-    (``writes`` counts the re-runs, the value never changes).
+    ``ctx.step.transaction``: the effect is a plain INSERT made through the
+    step's own transaction, which also writes the step's record, then the step
+    dawdles *inside* the transaction (the window a crash lands in). A crash
+    there rolls the row back with the record, so the effect can never double
+    and a done job has exactly the row its record names. (There is no unique
+    index on it: a double would show, not fail.)
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import hashlib
 import os
 import uuid
+from typing import Any
 
 import attrs
 import trio
@@ -53,7 +58,7 @@ CREATE TABLE soak_effects (
     at      float8 NOT NULL DEFAULT extract(epoch FROM clock_timestamp())
 );
 CREATE INDEX soak_effects_job_idx ON soak_effects (job_id, step);
-CREATE UNIQUE INDEX soak_effects_upsert_idx ON soak_effects (job_id) WHERE step = 3
+CREATE SEQUENCE soak_three_tries
 """
 
 #: Plenty: a job meets a SIGKILL or two, the restart and the SIGSTOP at most.
@@ -111,23 +116,21 @@ async def three_steps(ctx: JobContext[Item]) -> dict[str, str]:
         await _insert(ctx, 2, token)
         return {"token": token, "attempt": ctx.attempt}
 
-    async def three() -> dict[str, object]:
-        await trio.sleep(lead)
+    async def three(tx: Any) -> dict[str, object]:
+        # Counts every try, rolled back or not (a sequence is not transactional).
+        await tx.execute("SELECT nextval('soak_three_tries')")
         token = uuid.uuid4().hex
-        async with ctx.jobs.transaction() as tx:
-            await tx.execute(
-                "INSERT INTO soak_effects (job_id, step, attempt, token, pid, value) "
-                "VALUES (%s, 3, %s, %s, %s, %s) "
-                "ON CONFLICT (job_id) WHERE step = 3 DO UPDATE SET "
-                "writes = soak_effects.writes + 1, attempt = excluded.attempt, "
-                "token = excluded.token, pid = excluded.pid, at = excluded.at",
-                (ctx.job_id, ctx.attempt, token, os.getpid(), ctx.input.key),
-            )
+        await tx.execute(
+            "INSERT INTO soak_effects (job_id, step, attempt, token, pid, value) "
+            "VALUES (%s, 3, %s, %s, %s, %s)",
+            (ctx.job_id, ctx.attempt, token, os.getpid(), ctx.input.key),
+        )
+        await trio.sleep(lead)  # written, not committed: a crash here rolls it back
         return {"token": token, "attempt": ctx.attempt}
 
     first = await ctx.step.run("one", one)
     second = await ctx.step.run("two", two, once=True)
-    third = await ctx.step.run("three", three)
+    third = await ctx.step.transaction("three", three)
     return {"one": first["token"], "two": second["token"], "three": third["token"]}
 
 

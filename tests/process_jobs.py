@@ -123,7 +123,33 @@ async def ghost(ctx: JobContext[Work]) -> None:
     await effect(ctx, "ghost-ran")
 
 
-jobs = [three_steps, blocker, stubborn, capped, pickup, ghost]
+@job(
+    input=Work,
+    tenant="none",
+    idempotency_key=lambda i: f"atomic:{i.key}",
+    retry=Retry(attempts=3, base="100ms"),
+    name="proc.atomic",
+)
+async def atomic(ctx: JobContext[Work]) -> Any:
+    """A ``step.transaction`` killed after its app write, before its commit, on
+    its first attempt: the write must vanish with the process."""
+
+    async def write(tx: Any) -> dict[str, int]:
+        await tx.execute(
+            "INSERT INTO proc_effects (key, what, attempt, pid) VALUES (%s, 'atomic', %s, %s)",
+            (ctx.input.key, ctx.attempt, os.getpid()),
+        )
+        if ctx.attempt == 1:
+            # Written, not committed: tell the test (a file: the database can't
+            # see this transaction), which SIGKILLs the process here.
+            await trio.Path(f"atomic-{ctx.input.key}").touch()
+            await trio.sleep(3600)
+        return {"attempt": ctx.attempt}
+
+    return await ctx.step.transaction("write", write)
+
+
+jobs = [three_steps, blocker, stubborn, capped, pickup, ghost, atomic]
 
 
 # --------------------------------------------------------------------------- the enqueuing side

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,7 @@ from .errors import ErrorCode, JobAbortedError, JobsError
 
 if TYPE_CHECKING:
     from ._declare import Job
-    from ._facade import Actor, Jobs
+    from ._facade import Actor, Jobs, Transaction
     from .drivers._protocol import ClaimedJob, JobDriver
 
 __all__ = ["JobContext", "Signal", "Steps", "run_to_completion"]
@@ -58,8 +59,9 @@ class Signal:
             and self._deadline != math.inf
             and trio.current_time() >= self._deadline
         ):
+            whose = "the job's timeout" if self._parent is None else "the step's step_timeout"
             self._reason = JobAbortedError(
-                ErrorCode.X_JOB_TIMEOUT, "the job's timeout passed; the attempt fails and retries"
+                ErrorCode.X_JOB_TIMEOUT, f"{whose} passed; the attempt fails and retries"
             )
         if self._reason is None and self._parent is not None:
             return self._parent.reason
@@ -153,15 +155,49 @@ class RunState:
         self.event_poll = event_poll
         self.progress: Progress | None = None
         self.progress_dirty = False
+        #: Called when the body reports progress (the worker's progress writer).
+        self.on_progress: Callable[[], None] | None = None
         self.progress_written_at = -math.inf
         self.lost = False
 
     # ------------------------------------------------------------------ writes
 
     async def put(self, record: StepRecord) -> None:
-        """A fenced, durable step write; a refused fence is a lost lease."""
+        """A fenced, durable step write; a refused fence is a lost lease.
+
+        A transient driver failure (``X_DRIVER_UNAVAILABLE``) is retried with
+        capped backoff within the write budget, while the lease holds as the
+        worker knows it (``self.lost``). A retry first reads the record back: a
+        write that landed but whose answer was lost is recognised, not redone."""
+        from ._write_retry import is_transient, retry_transient
+
+        driver, claimed = self.driver, self.claimed
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
-            landed = await self.driver.steps.put(self.claimed.id, self.claimed.fence, record)
+            try:
+                landed = await driver.steps.put(claimed.id, claimed.fence, record)
+            except JobsError as exc:
+                if not is_transient(exc):
+                    raise
+
+                async def again() -> bool:
+                    stored = await driver.steps.load(claimed.id)
+                    if any(r == record for r in stored):
+                        return True
+                    return await driver.steps.put(claimed.id, claimed.fence, record)
+
+                landed = await retry_transient(
+                    again,
+                    exc,
+                    deadline=scope.deadline,
+                    gone=lambda: self.lost or bool(getattr(driver, "closed", False)),
+                    key=f"{claimed.id}:{claimed.fence.claim}:{record.name}",
+                    event="jobs.step.retry",
+                    fields={
+                        "job_id": claimed.id,
+                        "attempt": claimed.attempt,
+                        "worker_id": claimed.fence.worker_id,
+                    },
+                )
         if scope.cancelled_caught:
             landed = False
         if not landed:
@@ -285,17 +321,7 @@ class Steps:
         """
         s = self._s
         name = s.claim_name(name, what="step.run")
-        if compensate is not None:
-            if not s.handle.compensates:
-                raise JobsError(
-                    ErrorCode.X_JOB_DECLARATION_INVALID,
-                    f"step {name!r} has compensate= but the job does not declare compensates=True",
-                )
-            if not callable(compensate):
-                raise JobsError(
-                    ErrorCode.X_JOB_DECLARATION_INVALID,
-                    "compensate must be a function of the output",
-                )
+        _check_compensate(s, name, compensate)
         rec = s.records.get(name)
         if rec is not None and rec.status == "completed" and not _planted.active("step-rerun"):
             if compensate is not None:
@@ -320,40 +346,33 @@ class Steps:
         if once:
             await s.put(StepRecord(name=name, status="started", seq=seq, executions=executions))
             await s.hit("after-started", name)
-        step_signal = Signal(parent=s.signal)
         timeout = s.handle.step_timeout
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        wants_signal = _wants_signal(fn)
         # One child span of the attempt's span per executed step (a no-op without
         # OpenTelemetry); a replayed step is not executed and has none.
         with _tracing.step_span(name, executions, once):
             try:
-                with trio.CancelScope(deadline=deadline) as scope:
-                    step_signal._attach(scope, deadline)
-                    args = (step_signal,) if _wants_signal(fn) else ()
-                    value = await _call(fn, *args)
-                if scope.cancelled_caught:
-                    raise JobsError(
-                        ErrorCode.X_JOB_TIMEOUT,
-                        f"step {name!r} ran past its step_timeout of {timeout}s",
-                        meta={"step": name},
-                    )
+                if timeout is None and not wants_signal:
+                    # No ceiling and no signal to hand over: the run's own scope
+                    # and signal are the step's (a scope per step costs ~20%).
+                    value = await _call(fn)
+                else:
+                    step_signal = Signal(parent=s.signal)
+                    deadline = trio.current_time() + timeout if timeout is not None else math.inf
+                    with trio.CancelScope(deadline=deadline) as scope:
+                        step_signal._attach(scope, deadline)
+                        args = (step_signal,) if wants_signal else ()
+                        value = await _call(fn, *args)
+                    if scope.cancelled_caught:
+                        raise JobsError(
+                            ErrorCode.X_JOB_TIMEOUT,
+                            f"step {name!r} ran past its step_timeout of {timeout}s",
+                            meta={"step": name},
+                        )
             except (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                if s.signal.reason is None:
-                    await s.put(
-                        StepRecord(
-                            name=name,
-                            status="failed",
-                            seq=seq,
-                            executions=executions,
-                            error=_describe(exc),
-                            error_code=getattr(exc, "code", None)
-                            if isinstance(exc, JobsError)
-                            else None,
-                        )
-                    )
-                    await s.hit("after-record", name)
+                await _record_failure(s, name, seq, executions, exc)
                 raise
         await s.hit("after-fn", name)
         try:
@@ -383,6 +402,65 @@ class Steps:
         if compensate is not None:
             s.compensators.append(Compensator(name, compensate, output, once))
         return output
+
+    async def transaction(
+        self,
+        name: str,
+        fn: Callable[[Transaction], Any],
+        *,
+        compensate: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Run ``fn(tx)`` in a transaction of the queue's database that also
+        writes this step's record: the app's writes through ``tx`` (and the
+        enqueues and ``publish_event`` calls inside ``fn``) commit together with
+        the record, or not at all. A crash anywhere before the commit leaves
+        neither, so the step's effects land exactly once; a replay answers the
+        stored output without calling ``fn``.
+
+        Answers the stored JSON form of what ``fn`` returned, like :meth:`run`.
+        An exception from ``fn`` rolls the transaction back, is recorded and is
+        re-raised unchanged. ``compensate`` is as for :meth:`run`. The record is
+        fenced on the claim inside the transaction: a worker that lost the
+        job's lease commits nothing. ``fn`` should write only through ``tx``: a
+        write on another connection is outside the guarantee.
+        """
+        s = self._s
+        name = s.claim_name(name, what="step.transaction")
+        _check_compensate(s, name, compensate)
+        if not callable(fn):
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                f"step {name!r}: step.transaction takes a function of the transaction",
+            )
+        if s.jobs.outbox is not None:
+            raise JobsError(
+                ErrorCode.X_NOT_IMPLEMENTED,
+                f"step {name!r}: step.transaction needs the step records and the app's tables "
+                "in one database, and with outbox= the queue lives elsewhere; use step.run "
+                "with an idempotent write (an upsert keyed by ctx.job_id), or put the queue "
+                "in the app's database (open_jobs(postgres_driver(dsn)))",
+                meta={"step": name},
+            )
+        rec = s.records.get(name)
+        if rec is not None and rec.status == "completed" and not _planted.active("step-rerun"):
+            if compensate is not None:
+                s.compensators.append(Compensator(name, compensate, rec.output, False))
+            return rec.output
+        if s.unwinding:
+            raise ReplayStop()
+        s.refuse_past_abort(name)
+        executions = (rec.executions if rec is not None else 0) + 1
+        seq = s.seq_for(name)
+        await s.hit("before-step", name)
+        timeout = s.handle.step_timeout
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        with _tracing.step_span(name, executions, False):
+            record = await _transact(s, name, fn, seq, executions, deadline, timeout)
+        s.records[name] = record
+        await s.hit("after-record", name)
+        if compensate is not None:
+            s.compensators.append(Compensator(name, compensate, record.output, False))
+        return record.output
 
     async def sleep(self, duration: Duration, *, name: str | None = None) -> None:
         """A durable timer: persist the wake time and hand the run back (``delayed``).
@@ -504,6 +582,117 @@ class Steps:
         raise Handback("suspended", min(rec.deadline, now + poll), waiting_event=event)
 
 
+def _check_compensate(s: RunState, name: str, compensate: Callable[..., Any] | None) -> None:
+    if compensate is None:
+        return
+    if not s.handle.compensates:
+        raise JobsError(
+            ErrorCode.X_JOB_DECLARATION_INVALID,
+            f"step {name!r} has compensate= but the job does not declare compensates=True",
+        )
+    if not callable(compensate):
+        raise JobsError(
+            ErrorCode.X_JOB_DECLARATION_INVALID,
+            "compensate must be a function of the output",
+        )
+
+
+async def _transact(
+    s: RunState,
+    name: str,
+    fn: Callable[[Transaction], Any],
+    seq: int,
+    executions: int,
+    deadline: float,
+    timeout: float | None,
+) -> StepRecord:
+    """``step.transaction``'s body: ``fn(tx)``, then the fenced record in the same
+    transaction, then the commit. The record and the commit run shielded on a
+    bounded budget, so a drained step still lands; a commit whose outcome is
+    unknown (the budget ran out) is a lost lease, safe either way: the effects
+    and the record landed together or not at all."""
+    manager = s.jobs.transaction()
+    tx = await manager.__aenter__()
+    try:
+        with trio.CancelScope(deadline=deadline) as scope:
+            value = await _call(fn, tx)
+        if scope.cancelled_caught:
+            raise JobsError(
+                ErrorCode.X_JOB_TIMEOUT,
+                f"step {name!r} ran past its step_timeout of {timeout}s",
+                meta={"step": name},
+            )
+        try:
+            output = json_form(value)
+        except UnserializableError as exc:
+            raise JobsError(
+                ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
+                f"step {name!r} returned a value with no JSON form ({exc}); "
+                "return plain data, not an object graph",
+                meta={"step": name},
+            ) from None
+        # Still inside the transaction: a crash here rolls the effects back.
+        await s.hit("after-fn", name)
+    except BaseException as exc:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET):
+            with contextlib.suppress(Exception):
+                await manager.__aexit__(type(exc), exc, exc.__traceback__)
+        if not isinstance(
+            exc, (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt)
+        ):
+            await _record_failure(s, name, seq, executions, exc)
+        raise
+    record = StepRecord(
+        name=name, status="completed", seq=seq, executions=executions, output=output
+    )
+    landed = False
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
+        try:
+            landed = await tx.driver_tx.put_step(s.claimed.id, s.claimed.fence, record)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        if landed:
+            try:
+                await manager.__aexit__(None, None, None)
+            except JobsError as exc:
+                if exc.code != ErrorCode.X_JOB_LEASE_LOST:
+                    raise
+                landed = False
+        else:
+            refused = JobsError(ErrorCode.X_JOB_LEASE_LOST, "the step's fence was refused")
+            with contextlib.suppress(Exception):
+                await manager.__aexit__(JobsError, refused, None)
+    if scope.cancelled_caught or not landed:
+        s.lost = True
+        s.signal.abort(
+            ErrorCode.X_JOB_LEASE_LOST,
+            "a step's transaction was refused: this worker no longer holds the job's lease",
+        )
+        raise LeaseLost()
+    return record
+
+
+async def _record_failure(
+    s: RunState, name: str, seq: int, executions: int, exc: BaseException
+) -> None:
+    """Record a step's failure (in its own statement), unless the run was aborted."""
+    if s.signal.reason is not None:
+        return
+    await s.put(
+        StepRecord(
+            name=name,
+            status="failed",
+            seq=seq,
+            executions=executions,
+            error=_describe(exc),
+            error_code=getattr(exc, "code", None) if isinstance(exc, JobsError) else None,
+        )
+    )
+    await s.hit("after-record", name)
+
+
 def _parse_event(schema: Any, payload: Any, step: str) -> Any:
     try:
         if isinstance(schema, type) and attrs.has(schema) and not isinstance(payload, dict):
@@ -558,6 +747,8 @@ class JobContext(Generic[I]):
             raise JobsError(ErrorCode.X_INVARIANT, "progress note must be a string")
         self._state.progress = Progress(float(done), float(total), note[:500] if note else None)
         self._state.progress_dirty = True
+        if self._state.on_progress is not None:
+            self._state.on_progress()
 
     def __repr__(self) -> str:
         return f"<JobContext {self.name} job_id={self.job_id} attempt={self.attempt}>"

@@ -27,6 +27,8 @@ __all__ = ["converter", "dumps", "json_form", "json_schema", "loads", "MAX_PAYLO
 
 #: The largest serialised payload (input or event) the library accepts.
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The largest serialised step output or job result (Temporal's payload cap is 2 MB).
+MAX_OUTPUT_BYTES = 2 * 1024 * 1024
 #: How deep a payload may nest.
 MAX_PAYLOAD_DEPTH = 64
 
@@ -92,12 +94,32 @@ def loads(data: bytes | str) -> Any:
 
 
 def json_form(value: Any) -> Any:
-    """The JSON form of ``value``: what storage hands back on a replay."""
-    if value is None or isinstance(value, bool | str):
+    """The JSON form of ``value`` (a step's output, a job's result): what storage
+    hands back on a replay. Raises :class:`UnserializableError` for a value with
+    no JSON form, a NaN or infinity (JSON would store ``null``: the replay would
+    answer another value), or one over :data:`MAX_OUTPUT_BYTES` serialised."""
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64:
+    if isinstance(value, str):
+        if len(value) * 4 > MAX_OUTPUT_BYTES and len(value.encode()) > MAX_OUTPUT_BYTES:
+            raise UnserializableError(_too_big(len(value.encode())))
         return value
-    return orjson.loads(dumps(value))
+    if isinstance(value, int) and -(2**63) <= value < 2**64:
+        return value
+    raw = dumps(value)
+    if len(raw) > MAX_OUTPUT_BYTES:
+        raise UnserializableError(_too_big(len(raw)))
+    # orjson writes NaN and infinity as null: only then is the walk needed.
+    if b"null" in raw and _has_non_finite(value):
+        raise UnserializableError("a NaN or infinite number, which JSON cannot store")
+    return orjson.loads(raw)
+
+
+def _too_big(size: int) -> str:
+    return (
+        f"{size} bytes serialised, over the {MAX_OUTPUT_BYTES}-byte limit for a step output "
+        "or result; store the data in your tables and return a pointer"
+    )
 
 
 def depth_of(value: Any, limit: int = MAX_PAYLOAD_DEPTH) -> int:

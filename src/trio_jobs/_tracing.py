@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
@@ -95,12 +96,20 @@ def _extract(trace_context: Mapping[str, str] | None) -> Any:
     return ctx if found.is_valid else None
 
 
-@contextlib.contextmanager
-def attempt_span(claimed: ClaimedJob, worker_id: str) -> Iterator[Any]:
-    """One span for one attempt, current for the body (so step spans nest in it)."""
+def attempt_span(claimed: ClaimedJob, worker_id: str) -> AbstractContextManager[Any]:
+    """One span for one attempt, current for the body (so step spans nest in it);
+    a no-op context (``None``) when nothing records spans."""
     if not _recording():
-        yield None
-        return
+        return _NO_SPAN
+    return _attempt_span(claimed, worker_id)
+
+
+#: Entered per attempt and per step when tracing is off: reusable, no generator.
+_NO_SPAN: AbstractContextManager[Any] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _attempt_span(claimed: ClaimedJob, worker_id: str) -> Iterator[Any]:
     stored = _extract(claimed.trace_context)
     links = []
     # An empty context, not the current one: the worker task's own ambient span
@@ -147,15 +156,18 @@ def end_attempt(span: Any, outcome: str, code: str | None) -> None:
         span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, code or outcome))
 
 
-@contextlib.contextmanager
-def step_span(name: str, execution: int, once: bool) -> Iterator[None]:
+def step_span(name: str, execution: int, once: bool) -> AbstractContextManager[Any]:
     """A child span of the current attempt around one executed ``step.run``.
 
     An exception is stamped with its type and ``X_*`` code only (its message
     may quote app data) and re-raised unchanged."""
     if not _recording():
-        yield
-        return
+        return _NO_SPAN
+    return _step_span(name, execution, once)
+
+
+@contextlib.contextmanager
+def _step_span(name: str, execution: int, once: bool) -> Iterator[None]:
     with _tracer().start_as_current_span(
         f"step {name}",
         attributes={

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -41,6 +41,7 @@ from ._retry import backoff_delay, retry_after_delay
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
+from ._write_retry import is_transient, retry_transient
 from .drivers._protocol import (
     AckOptions,
     ClaimedJob,
@@ -274,6 +275,7 @@ class Worker:
         # Keyed by claim, not by job id: after a lease lapses the same worker may
         # claim the job again while the stale slot is still unwinding.
         self._held: dict[tuple[str, int], _Held] = {}
+        self._progress_wanted = trio.Event()
         self._in_flight: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._rotation = 0
         self._started = False
@@ -359,7 +361,9 @@ class Worker:
             with trio.move_on_after(self.drain_timeout):
                 await self._wait_idle()
             for held in list(self._held.values()):
-                if not held.abandoned and not held.settled:
+                # A settle in flight (retrying an outage, within its budget) is not a
+                # body still running: its own answer names how the run ended.
+                if not held.abandoned and not held.settled and not held.settling:
                     held.abandoned = True
                     self._count("abandoned", held)
                     _log(
@@ -604,12 +608,24 @@ class Worker:
                 for held in list(self._held.values()):
                     held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
 
+    def _progress_marked(self) -> None:
+        self._progress_wanted.set()
+
+    def _progress_pending(self) -> bool:
+        return any(h.state is not None and h.state.progress_dirty for h in self._held.values())
+
     async def _progress_loop(self) -> None:
+        """Write reported progress at most once a second; asleep while no body
+        reports any (no wake-up per second per worker for nothing)."""
         _ambient.role_var.set("progress")
         while True:
+            await self._progress_wanted.wait()
             await trio.sleep(PROGRESS_INTERVAL)
-            if any(h.state is not None and h.state.progress_dirty for h in self._held.values()):
+            self._progress_wanted = trio.Event()
+            if self._progress_pending():
                 await self._beat(progress_only=True)
+            if self._progress_pending():  # not due yet, or its write failed
+                self._progress_wanted.set()
 
     def _info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -629,7 +645,9 @@ class Worker:
             if held.abandoned or held.settled:
                 continue
             state = held.state
-            if state is not None and state.signal.reason is not None:
+            if state is not None and state.signal.reason is not None and not held.settling:
+                # (A settle in flight is renewed: the body has ended, and the settle
+                # may be retrying an outage within its budget.)
                 if held.abort_at is None:
                     held.abort_at = now
                 if now - held.abort_at >= self.drain_timeout:
@@ -644,12 +662,14 @@ class Worker:
         if not batch:
             return
         requests = []
+        carried: list[RunState] = []
         for held in batch:
             progress = None
             if held.state is not None and _progress_due(held.state, now):
                 progress = held.state.progress
                 held.state.progress_dirty = False
                 held.state.progress_written_at = now
+                carried.append(held.state)
             requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
         statuses: list[str] | None = None
         cause, failed_code = "timeout", str(ErrorCode.X_DRIVER_UNAVAILABLE)
@@ -664,6 +684,10 @@ class Worker:
                 if isinstance(exc, JobsError):
                     failed_code = str(exc.code)
         if statuses is None:
+            # The progress it carried did not land: the next beat carries it again
+            # (a settle always writes the last value anyway).
+            for state in carried:
+                state.progress_dirty = True
             for held in batch:
                 _log(
                     logging.WARNING,
@@ -823,6 +847,7 @@ class Worker:
             boundary=self._boundary,
             event_poll=self.event_poll or float(getattr(self.driver, "event_poll_default", 30.0)),
         )
+        state.on_progress = self._progress_marked
         held.state = state
         if held.pending is not None:
             # Aborted (a drain, a lost lease) between the claim and now.
@@ -873,17 +898,16 @@ class Worker:
             )
             return
         await state.hit("before-settle", None)
+        ack = AckOptions(
+            fence=claimed.fence, result=output, duration=duration, progress=state.progress
+        )
         landed = await self._settle_write(
-            self.driver.ack(
-                claimed.id,
-                AckOptions(
-                    fence=claimed.fence, result=output, duration=duration, progress=state.progress
-                ),
-            ),
-            held,
+            claimed, "ack", lambda: self.driver.ack(claimed.id, ack), held
         )
         if landed and _planted.active("double-settle"):
-            await self._settle_write(self.driver.ack(claimed.id, AckOptions(fence=claimed.fence)))
+            await self._settle_write(
+                claimed, "ack", lambda: self.driver.ack(claimed.id, AckOptions(fence=claimed.fence))
+            )
         if landed:
             held.settled = True
             self._count("done", held)
@@ -926,18 +950,15 @@ class Worker:
                 f"{ErrorCode.X_JOB_KEY_BUSY}: another run holds this job's concurrency key; "
                 "the body never ran — `trio-jobs retry ID` re-queues it"
             )
+            busy = NackOptions(
+                fence=claimed.fence,
+                state="failed",
+                counted=True,
+                error_code=ErrorCode.X_JOB_KEY_BUSY,
+                last_error=message,
+            )
             landed = await self._settle_write(
-                self.driver.nack(
-                    claimed.id,
-                    NackOptions(
-                        fence=claimed.fence,
-                        state="failed",
-                        counted=True,
-                        error_code=ErrorCode.X_JOB_KEY_BUSY,
-                        last_error=message,
-                    ),
-                ),
-                held,
+                claimed, "nack", lambda: self.driver.nack(claimed.id, busy), held
             )
             if landed:
                 held.settled = True
@@ -1065,14 +1086,59 @@ class Worker:
 
     # ------------------------------------------------------------------ settling
 
-    async def _settle_write(self, call: Any, held: _Held | None = None) -> bool:
+    def _lease_gone(self, held: _Held | None) -> Callable[[], bool]:
+        """Whether retrying a write for ``held`` is pointless: the driver closed, or
+        the claim's lease is surely gone as this worker knows it (lost, or its
+        window closed with no renewal landing: the database's lease ended earlier)."""
+        driver = self.driver
+
+        def gone() -> bool:
+            if getattr(driver, "closed", False):
+                return True
+            if held is None:
+                return False
+            return held.lost or trio.current_time() >= self._window_close(held)
+
+        return gone
+
+    async def _settle_write(
+        self,
+        claimed: ClaimedJob,
+        write: str,
+        call: Callable[[], Awaitable[bool]],
+        held: _Held | None = None,
+    ) -> bool:
+        """One settle (``write``: ack or nack), shielded on the write budget. A
+        transient driver failure is retried within the budget while the lease
+        holds as this worker knows it (``_write_retry``); the driver recognises a
+        retry whose first try landed, so a landed settle is never called unowned."""
         landed = False
         if held is not None:
             held.settling = True
         try:
-            with _bounded_shield():
+            with _bounded_shield() as scope:
                 try:
-                    landed = bool(await call)
+                    try:
+                        landed = bool(await call())
+                    except JobsError as exc:
+                        if not is_transient(exc):
+                            raise
+                        landed = bool(
+                            await retry_transient(
+                                call,
+                                exc,
+                                deadline=scope.deadline,
+                                gone=self._lease_gone(held),
+                                key=f"{claimed.id}:{claimed.fence.claim}",
+                                event="jobs.settle.retry",
+                                fields={
+                                    "job_id": claimed.id,
+                                    "attempt": claimed.attempt,
+                                    "worker_id": self.id,
+                                    "write": write,
+                                },
+                            )
+                        )
                 except JobsError as exc:
                     _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
         finally:
@@ -1129,7 +1195,10 @@ class Worker:
         )
 
     async def _nack(self, held: _Held, options: NackOptions) -> bool:
-        landed = await self._settle_write(self.driver.nack(held.claimed.id, options), held)
+        claimed = held.claimed
+        landed = await self._settle_write(
+            claimed, "nack", lambda: self.driver.nack(claimed.id, options), held
+        )
         held.settled = held.settled or landed
         if not landed:
             self._unowned(held)

@@ -62,6 +62,20 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("code", "worker_id"),
         "the driver failed a settle write (jobs.settle.unowned then names the job)",
     ),
+    "jobs.settle.retry": (
+        "warning",
+        ("job_id", "attempt", "code", "worker_id", "write", "retry", "retry_in"),
+        "a settle (write: ack or nack) met a driver that is briefly unavailable "
+        "(X_DRIVER_UNAVAILABLE): retry number `retry` follows in `retry_in` seconds, within "
+        "the 10 s write budget and while the lease holds; jobs.settle.failed if it never lands",
+    ),
+    "jobs.step.retry": (
+        "warning",
+        ("job_id", "attempt", "code", "worker_id", "retry", "retry_in"),
+        "a step record met a driver that is briefly unavailable (X_DRIVER_UNAVAILABLE): retry "
+        "number `retry` follows in `retry_in` seconds, within the write budget and while the "
+        "lease holds; the body sees the error only if it never lands",
+    ),
     "jobs.claim.exhausted": (
         "warning",
         ("job_id", "attempt", "code", "queue", "worker_id"),

@@ -225,6 +225,33 @@ class TestTheStepSignal:
         assert seen == [(True, ErrorCode.X_DRAINING)]
         assert [s.name for s in view.steps] == []  # a half-finished step is never recorded
 
+    async def test_the_step_ceiling_names_itself_on_the_steps_signal(
+        self, autojump_clock: Any
+    ) -> None:
+        seen: list[str] = []
+
+        @job(
+            input=Item, idempotency_key=lambda i: i.key, step_timeout="1s", retry=Retry(attempts=1)
+        )
+        async def slow_step(ctx: JobContext[Item]) -> None:
+            async def fn(signal: Any) -> None:
+                try:
+                    await trio.sleep(5)
+                except trio.Cancelled:
+                    seen.append(str(signal.reason))
+                    raise
+
+            await ctx.step.run("slow", fn)
+
+        async with jobs_on_memory([slow_step]) as (jobs, _driver):
+            enq = await slow_step.enqueue(Item("a"))
+            async with running_worker(jobs):
+                view = await wait_state(jobs, enq.id, "dead")
+        assert view.error_code == ErrorCode.X_JOB_TIMEOUT
+        assert len(seen) == 1
+        assert "step_timeout" in seen[0]
+        assert "job's timeout" not in seen[0]
+
     async def test_a_step_whose_fn_finished_still_lands_after_a_drain(
         self, autojump_clock: Any
     ) -> None:

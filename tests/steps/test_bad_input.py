@@ -91,6 +91,42 @@ def test_a_step_output_is_stored_as_json_or_refused_terminal(value: Any) -> None
     trio.run(main)
 
 
+def _refused_output(value: Any) -> None:
+    @job(input=In, idempotency_key=lambda i: f"refused:{i.n}", retry=Retry(attempts=3))
+    async def returns(ctx: JobContext[In]) -> None:
+        await ctx.step.run("value", lambda: value)
+
+    async def main() -> None:
+        async with open_harness(jobs=[returns]) as h:
+            trace = await h.run(returns, In(1))
+            assert trace.state == "dead"
+            assert trace.error_code == "X_STEP_OUTPUT_UNSERIALIZABLE"
+            assert trace.steps["value"].status == "failed"
+            assert trace.steps["value"].output is None
+
+    trio.run(main)
+
+
+@SETTINGS
+@given(
+    value=st.one_of(
+        st.just(math.nan),
+        st.just(-math.inf),
+        st.lists(st.just(math.inf), min_size=1, max_size=3),
+        st.dictionaries(st.text(max_size=4), st.just(math.nan), min_size=1, max_size=2),
+    )
+)
+def test_a_non_finite_step_output_is_refused_not_stored_as_null(value: Any) -> None:
+    _refused_output(value)
+
+
+def test_an_oversized_step_output_is_refused() -> None:
+    from trio_jobs._serialization import MAX_OUTPUT_BYTES
+
+    _refused_output("x" * (MAX_OUTPUT_BYTES + 1))
+    _refused_output({"rows": ["y" * 1000] * (MAX_OUTPUT_BYTES // 1000 + 1)})
+
+
 @SETTINGS
 @given(payload=hostile)
 def test_an_event_payload_is_published_or_refused_writing_nothing(payload: Any) -> None:

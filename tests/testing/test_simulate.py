@@ -6,6 +6,7 @@ import logging
 
 import attrs
 import pytest
+import trio
 
 from trio_jobs import JobContext, JobsError, Retry, job
 from trio_jobs.testing import Faults, World, simulate_jobs
@@ -139,3 +140,139 @@ async def test_the_fault_seeds_above_do_inject_faults(caplog: pytest.LogCaptureF
         )
         kinds |= {str(event[2]) for event in result.trace}
     assert {"crash", "pause", "drain"} <= kinds
+
+
+async def test_the_trace_does_not_depend_on_trios_scheduler_order(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The arbiter decides every interleaving that matters: reseeding Trio's own
+    # batch shuffle (which tasks of one pass run first) changes no event.
+    caplog.set_level(logging.CRITICAL)
+    from trio_jobs.testing import _simulate
+
+    faults = Faults(crash=0.02, lease_loss=0.01, pause=0.02, driver_errors=0.02, drain=0.01)
+    seeded = _simulate._seed_trio_scheduler
+    traces = set()
+    for salt in (0, 1, 2):
+        monkeypatch.setattr(
+            _simulate, "_seed_trio_scheduler", lambda seed, salt=salt: seeded(seed * 7 + salt)
+        )
+        result = await simulate_jobs(
+            jobs=[three_steps], workers=3, seed=11, scenario=_scenario(20), faults=faults
+        )
+        traces.add(result.trace_bytes())
+    assert len(traces) == 1
+
+
+async def test_an_async_invariant_is_checked_between_events() -> None:
+    runs = []
+    for _ in range(2):
+        seen: list[int] = []
+
+        async def invariant(world: World, seen: list[int] = seen) -> None:
+            await trio.lowlevel.checkpoint()
+            seen.append(len([v for v in world.jobs if v.state == "done"]))
+
+        result = await simulate_jobs(
+            jobs=[three_steps],
+            workers=2,
+            seed=4,
+            scenario=_scenario(6),
+            invariant=invariant,
+            check="every-event",
+        )
+        runs.append((result.trace_bytes(), seen))
+    assert runs[0] == runs[1]
+    seen = runs[0][1]
+    assert len(seen) > 20
+    assert seen == sorted(seen)  # each check saw the jobs of its own instant
+    assert seen[-1] == 6
+
+
+async def test_a_world_the_invariant_keeps_holds_the_jobs_of_its_instant() -> None:
+    read_then: list[list[str]] = []
+    kept: list[World] = []
+
+    def reads(world: World) -> None:
+        read_then.append([v.state for v in world.jobs])
+
+    def keeps(world: World) -> None:
+        kept.append(world)  # read only after the simulation
+
+    for invariant in (reads, keeps):
+        await simulate_jobs(
+            jobs=[three_steps],
+            workers=2,
+            seed=9,
+            scenario=_scenario(5),
+            invariant=invariant,
+            check="every-event",
+        )
+    assert len(kept) == len(read_then) > 20
+    assert [[v.state for v in w.jobs] for w in kept] == read_then
+
+
+async def test_max_time_ends_the_simulation_with_a_worker_paused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The quiet poll stops at max_time while a paused worker's clean-up still
+    # waits for the pause to end: the clock must go on until it has.
+    caplog.set_level(logging.CRITICAL)
+    result = await simulate_jobs(
+        jobs=[three_steps],
+        workers=3,
+        seed=3,
+        scenario=_scenario(10),
+        faults=Faults(crash=0.02, pause=0.05),
+        max_time=40.0,
+    )
+    assert result.world.now >= 1_800_000_000.0 + 40.0
+    assert any(event[2] == "pause" for event in result.trace)
+
+
+def test_trio_asks_the_clock_only_when_every_task_is_blocked() -> None:
+    # The arbiter acts where Trio asks the clock how long it may sleep (only when
+    # no task is runnable), in the before_io_wait of that same pass, before any
+    # task runs. Pin both, so a Trio that changes either fails here, loudly.
+    log: list[str] = []
+
+    class Clock(trio.abc.Clock):
+        now = 0.0
+
+        def start_clock(self) -> None:
+            return None
+
+        def current_time(self) -> float:
+            return self.now
+
+        def deadline_to_sleep_time(self, deadline: float) -> float:
+            runnable = trio.lowlevel.current_statistics().tasks_runnable
+            log.append(f"ask:{runnable}")
+            self.now = max(self.now, deadline)  # a jump, as the arbiter's
+            return 0.0
+
+    class Log(trio.abc.Instrument):
+        def before_io_wait(self, timeout: float) -> None:
+            log.append("io")
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            log.append("step")
+
+    async def main() -> None:
+        async def spin(n: int) -> None:
+            for _ in range(n):
+                await trio.lowlevel.checkpoint()
+
+        async def nap() -> None:
+            for _ in range(3):
+                await trio.sleep(1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spin, 5)
+            nursery.start_soon(spin, 2)
+            nursery.start_soon(nap)
+
+    trio.run(main, clock=Clock(), instruments=[Log()])
+    asks = [i for i, entry in enumerate(log) if entry.startswith("ask")]
+    assert len(asks) >= 3
+    assert all(log[i] == "ask:0" and log[i + 1] == "io" for i in asks)

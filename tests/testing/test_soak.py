@@ -80,10 +80,26 @@ def test_a_doubled_once_effect_fails_the_soak() -> None:
     assert "1 once effects doubled" in f.failures
 
 
-def test_a_missing_upsert_fails_the_soak() -> None:
+def test_a_missing_transaction_effect_fails_the_soak() -> None:
     jobs, steps, effects, log = _clean()
     f = check({KEY: J}, jobs, steps, [e for e in effects if e.step != 3], log)
-    assert f.upsert_bad
+    assert f.tx_missing
+    assert "1 done jobs without exactly their recorded row" in f.failures
+
+
+def test_a_doubled_transaction_effect_fails_the_soak() -> None:
+    jobs, steps, effects, log = _clean()
+    effects.append(_effect(3, 1, "t7", at=9.0))
+    f = check({KEY: J}, jobs, steps, effects, log)
+    assert f.tx_doubled
+    assert "1 effects doubled in the step's own transaction" in f.failures
+
+
+def test_a_transaction_effect_that_is_not_the_recorded_one_fails_the_soak() -> None:
+    jobs, steps, effects, log = _clean()
+    effects[2] = _effect(3, 1, "other")
+    f = check({KEY: J}, jobs, steps, effects, log)
+    assert f.tx_missing
 
 
 def test_a_job_lost_or_not_done_fails_the_soak_unless_its_once_outcome_is_unknown() -> None:

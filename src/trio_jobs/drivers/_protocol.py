@@ -592,6 +592,15 @@ class DriverTransaction(Protocol):
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
     ) -> list[tuple[Any, ...]]: ...
 
+    async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        """Write one step record inside this transaction, only while ``fence``
+        holds the row (``ctx.step.transaction``): it commits with the app's
+        writes or vanishes with them. Answers whether the fence held; the
+        record is durable once the transaction commits. A fence that holds at
+        this call must still hold at the commit (the row stays locked, or the
+        commit applies nothing)."""
+        ...
+
 
 class WakeSource(Protocol):
     """A push hook: a driver that can announce new work offers one.

@@ -7,22 +7,28 @@ So the interleaving that matters (which call reaches the driver first) is the
 seed's, not Trio's scheduler's. When nothing waits for a permit, the arbiter
 jumps the virtual clock to the next deadline. Faults are drawn from the same
 seed at the same points.
+
+The arbiter is no task: it runs between Trio's scheduler passes (see
+:class:`_Arbiter`), so a permit costs no pass of its own, and a task the seed
+picks again goes on without yielding at all.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import inspect
+import math
 import random
+import sys
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Literal, overload
 
 import attrs
 import orjson
 import trio
-import trio.testing
 
 from .. import _ambient
 from .._declare import Job
@@ -96,6 +102,10 @@ class SimulationResult:
         return orjson.dumps(list(self.trace))
 
 
+#: A permit request: the worker, its task's role, and how many permits that task had.
+Key = tuple[str, str, int]
+
+
 class InvariantBroken(AssertionError):
     """A built-in invariant failed."""
 
@@ -103,14 +113,111 @@ class InvariantBroken(AssertionError):
 # --------------------------------------------------------------------------- the arbiter
 
 
-class _Arbiter:
-    def __init__(self, rng: random.Random) -> None:
+class _Arbiter(trio.abc.Instrument):
+    """Grants driver permits one at a time, each drawn by the seed among the
+    calls waiting while every task is blocked; moves the virtual clock when
+    none can be granted.
+
+    It runs between scheduler passes, as a Trio instrument. Trio asks the clock
+    how long it may sleep only when no task is runnable; the pass that follows
+    calls ``before_io_wait`` before any task runs. There, with every task
+    blocked and no deadline due, the arbiter draws the next permit with
+    ``random.Random(seed)`` over the sorted keys of the waiting calls (so what
+    it draws from never depends on Trio's scheduler order), and the task
+    granted runs in that same pass, alone. With nothing to grant it jumps the
+    clock to the next deadline, and the tasks due run in that same pass.
+
+    A task granted alone that asks again before it yields, having woken no
+    task and with no deadline due, is itself at that quiescent instant: it
+    draws there, and goes on without yielding when the draw is its own call.
+    """
+
+    def __init__(self, rng: random.Random, clock: _VirtualClock) -> None:
         self.rng = rng
-        self.waiting: dict[tuple[str, str, int], trio.Event] = {}
+        self.clock = clock
+        #: The tasks waiting for a permit, by key; ``order`` holds the keys sorted.
+        self.waiting: dict[Key, trio.lowlevel.Task] = {}
+        self.order: list[Key] = []
         self.counts: dict[tuple[str, str], int] = {}
         #: A stopped worker's calls are granted no permit until it comes back.
         self.paused: dict[str, float] = {}
         self.trace: list[tuple[Any, ...]] = []
+        #: Scheduler passes so far, and the task that runs alone in the current one.
+        self.passes = 0
+        self.solo: trio.lowlevel.Task | None = None
+        self.solo_pass = -1
+        #: Until the simulation stops (or can go nowhere), the arbiter acts.
+        self.active = True
+        #: Async checks still running: no permit until they finish.
+        self.checking = 0
+        #: Whether a task may draw at the quiescent instant itself (not once a
+        #: check ran async: it may yield, and the task is not alone then).
+        self.solo_draws = True
+        # Set by the simulation:
+        self.stopped = trio.Event()
+        self.poll: _QuietPoll | None = None
+        self.nursery: trio.Nursery | None = None
+        #: Called after every grant (``check="every-event"``); answers an awaitable
+        #: when the invariant is async.
+        self.on_grant: Callable[[], Awaitable[None] | None] | None = None
+        self.broke: Callable[[BaseException], None] = _reraise
+
+    # ------------------------------------------------------------------ drawing
+
+    def _choose(self, extra: Key | None) -> Key | None:
+        """The seed's pick among the waiting keys (and ``extra``), in sorted order."""
+        order = self.order
+        paused = self.paused
+        if paused:
+            now = self.clock.now
+            for who in [w for w, until in paused.items() if until <= now]:
+                del paused[who]  # back: the same as never paused
+        if paused:
+            keys = [k for k in order if k[0] not in paused]
+            if extra is not None and extra[0] not in paused:
+                bisect.insort(keys, extra)
+            if not keys:
+                return None
+            return keys[self.rng.randrange(len(keys))]
+        if extra is None:
+            return order[self.rng.randrange(len(order))] if order else None
+        i = self.rng.randrange(len(order) + 1)
+        at = bisect.bisect_left(order, extra)
+        return order[i] if i < at else extra if i == at else order[i - 1]
+
+    def _forget(self, key: Key) -> trio.lowlevel.Task:
+        order = self.order
+        del order[bisect.bisect_left(order, key)]
+        return self.waiting.pop(key)
+
+    def _granted(self, key: Key | None) -> None:
+        """Wake the task waiting under ``key`` (None: the one drawing), then check."""
+        if key is not None:
+            trio.lowlevel.reschedule(self._forget(key))
+        if self.on_grant is not None:
+            pending = self.on_grant()
+            if pending is not None:
+                # The check runs on, as its own task; no permit until it is done.
+                self.solo_draws = False
+                self._set_checking(self.checking + 1)
+                assert self.nursery is not None
+                self.nursery.start_soon(self._finish_check, pending)
+
+    async def _finish_check(self, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        finally:
+            self._set_checking(self.checking - 1)
+
+    def _set_checking(self, n: int) -> None:
+        self.checking = n
+        self.clock.acting = self.active and not n
+
+    def _stop(self) -> None:
+        self.active = False
+        self.clock.acting = False
+
+    # ------------------------------------------------------------------ permits
 
     async def permit(self, who: str) -> None:
         # A stable key: which worker, which of its (sequential) tasks, and how many
@@ -119,25 +226,83 @@ class _Arbiter:
         n = self.counts.get((who, role), 0)
         self.counts[(who, role)] = n + 1
         key = (who, role, n)
-        event = trio.Event()
-        self.waiting[key] = event
-        try:
-            await event.wait()
-        except BaseException:
-            # Cancelled while waiting (its worker is going away): no stale permit.
-            self.waiting.pop(key, None)
-            raise
+        task = trio.lowlevel.current_task()
+        drawn = False
+        if self.solo is task and self.solo_pass == self.passes and self.clock.acting:
+            stats = trio.lowlevel.current_statistics()
+            if self.solo_draws and stats.tasks_runnable == 0 and stats.seconds_to_next_deadline > 0:
+                # Every other task is blocked, and this one is about to be: the
+                # quiescent instant the arbiter would draw at, one pass later.
+                # (Cancelled? Then this is no request: raise, as the wait would.)
+                await trio.lowlevel.checkpoint_if_cancelled()
+                chosen = self._choose(key)
+                if chosen == key:
+                    self._granted(None)
+                    return
+                if chosen is not None:
+                    trio.lowlevel.reschedule(self._forget(chosen))
+                    drawn = True
+        self.waiting[key] = task
+        bisect.insort(self.order, key)
+        if drawn and self.on_grant is not None:
+            self._granted(None)  # checked with this call waiting, as between passes
 
-    def grant_one(self) -> bool:
-        if not self.waiting:
-            return False
-        now = trio.current_time()
-        keys = [k for k in sorted(self.waiting) if self.paused.get(k[0], 0.0) <= now]
-        if not keys:
-            return False
-        key = keys[self.rng.randrange(len(keys))]
-        self.waiting.pop(key).set()
-        return True
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            # Cancelled while waiting (its worker is going away): no stale permit.
+            self._forget(key)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        # Granted at a quiescent instant: this task runs alone in this pass.
+        self.solo = task
+        self.solo_pass = self.passes
+
+    # ------------------------------------------------------------------ between passes
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.passes += 1
+        deadline = self.clock.asked
+        if deadline is None:
+            return  # a task is runnable (or a deadline due): not quiescent
+        self.clock.asked = None
+        try:
+            self._quiescent(deadline)
+        except BaseException as exc:  # a bug here must fail the run, not stall it
+            self._stop()
+            self.broke(exc)
+
+    def _quiescent(self, deadline: float) -> None:
+        """Every task is blocked and the next deadline is ``deadline``: grant a
+        permit, or move the clock (taking the quiet polls on the way)."""
+        clock = self.clock
+        poll = self.poll
+        assert poll is not None
+        while True:
+            chosen = self._choose(None)
+            if chosen is not None:
+                self._granted(chosen)
+                return
+            if self.stopped.is_set():
+                self._stop()
+                return
+            now = clock.now
+            to_next = min(deadline - now, poll.at - now)
+            if to_next == math.inf:
+                self._stop()  # nothing can ever move again
+                return
+            # (Past max_time too: the quiet poll ends the simulation there, and the
+            # clean-up after it may still wait on a deadline, a paused worker's.)
+            clock.jump(to_next)
+            if clock.now < poll.at:
+                return  # a task's deadline: the task runs in this pass
+            if poll.due(clock.now):
+                return  # main wakes to end the simulation
+            if deadline <= clock.now:
+                return  # a task's deadline at the same instant
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc
 
 
 # --------------------------------------------------------------------------- the checked driver
@@ -261,6 +426,7 @@ class _SimDriver:
     def __init__(self, sim: _Sim, label: str, skew: float) -> None:
         self._sim = sim
         self._d = sim.driver
+        self._clock = sim.clock
         self.label = label
         self.skew = skew
         self.dead = False
@@ -272,9 +438,15 @@ class _SimDriver:
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
+        self._arbiter = sim.arbiter
+        faults = sim.faults
+        #: The app enqueueing is not a worker: no faults there.
+        self._faulty = label != "scenario" and bool(
+            faults.pause or faults.crash or faults.drain or faults.driver_errors
+        )
 
     def now(self) -> float:
-        return self._d.now() + self.skew
+        return ORIGIN + self._clock.now + self.skew  # the driver's now(), skewed
 
     async def open(self) -> None:
         return None
@@ -292,12 +464,14 @@ class _SimDriver:
         """Wait for the permit; answer the fault to apply, if any."""
         if self.dead:
             raise Killed()
-        sim = self._sim
-        await sim.arbiter.permit(self.label)
+        await self._arbiter.permit(self.label)
         if self.dead:
             raise Killed()
-        if self.label == "scenario":
-            return None  # the app enqueueing is not a worker: no faults there
+        return await self._fault(method) if self._faulty else None
+
+    async def _fault(self, method: str) -> str | None:
+        """Draw this call's faults (the permit is held); answer the one to apply."""
+        sim = self._sim
         faults = sim.faults
         rng = sim.fault_rng
         if faults.pause and rng.random() < faults.pause:
@@ -422,9 +596,11 @@ class _Sub:
         if not inspect.iscoroutinefunction(value):
             return value
         method = f"{self._prefix}.{name}"
-        if method in _UNGATED:
-            return value
-        return functools.partial(self._owner._call, method, value)
+        if method not in _UNGATED:
+            value = functools.partial(self._owner._call, method, value)
+        # Bound once: the next lookup finds it here without calling __getattr__.
+        setattr(self, name, value)
+        return value
 
 
 class _SimWake:
@@ -445,18 +621,92 @@ class _SimWake:
 # --------------------------------------------------------------------------- the simulation
 
 
+class _VirtualClock(trio.abc.Clock):
+    """Trio's clock for the simulation: virtual time that moves only by :meth:`jump`.
+
+    What :class:`trio.testing.MockClock` does at rate 0, without reading the
+    real clock on every ``trio.current_time()`` (the workers read it thousands
+    of times a seed)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        #: Whether the arbiter acts between passes (see :class:`_Arbiter`).
+        self.acting = True
+        #: The next deadline, when Trio last found no task runnable.
+        self.asked: float | None = None
+
+    def start_clock(self) -> None:
+        return None
+
+    def current_time(self) -> float:
+        return self.now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        # Trio asks only when no task is runnable.
+        if deadline <= self.now:
+            return 0.0
+        if self.acting:
+            self.asked = deadline  # every task blocked: the arbiter's turn, now
+            return 0.0
+        return 999999999.0  # the arbiter has stopped: sleep "forever", like MockClock
+
+    def jump(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("time can't go backwards")
+        self.now += seconds
+
+
+class _QuietPoll:
+    """The simulation ends at the first whole virtual second (counted from when
+    the workers start) at which every job is settled, or at ``max_time``.
+
+    Looking costs no task step: ``at`` is the next look, which the arbiter
+    treats as a deadline and takes itself when the clock reaches it, as a task
+    sleeping a second at a time would (the rows only move at permits, so what a
+    look sees is the same). Main waits until a look finds the simulation over."""
+
+    def __init__(self, driver: MemoryDriver, max_time: float) -> None:
+        self._driver = driver
+        self._max_time = max_time
+        self.at = math.inf
+        self._over = trio.Event()
+
+    async def wait(self, first: float) -> None:
+        self.at = first
+        try:
+            await self._over.wait()
+        finally:
+            self.at = math.inf
+
+    def due(self, now: float) -> bool:
+        """Look, at ``now`` (the clock has reached ``at``); answer whether main wakes."""
+        rows = self._driver._rows.values()
+        if all(r.state in TERMINAL_STATES for r in rows) or now >= self._max_time:
+            self.at = math.inf
+            self._over.set()
+            return True
+        self.at = now + 1.0  # main's next one-second sleep, from the instant it woke
+        return False
+
+
 class _SimClock:
+    """The driver's wall clock: the virtual clock, from ``ORIGIN``."""
+
+    def __init__(self, clock: _VirtualClock) -> None:
+        self._clock = clock
+
     def now(self) -> float:
-        return ORIGIN + trio.current_time()
+        return ORIGIN + self._clock.now
 
 
 class _Sim:
     def __init__(self, seed: int, faults: Faults) -> None:
         self.seed = seed
         self.faults = faults
-        self.arbiter = _Arbiter(random.Random(seed))
+        self.clock = _VirtualClock()
+        self.arbiter = _Arbiter(random.Random(seed), self.clock)
         self.fault_rng = random.Random(seed * 7919 + 1)
-        self.driver = MemoryDriver(clock=_SimClock())
+        self.driver = MemoryDriver(clock=_SimClock(self.clock))
         self.checker = _Checker(self.driver)
         self.trace = self.arbiter.trace
         self.job_runs = 0
@@ -470,7 +720,7 @@ class _Sim:
         self.final_now = ORIGIN
 
     def record(self, *event: Any) -> None:
-        self.trace.append((round(trio.current_time(), 6), *event))
+        self.trace.append((round(self.clock.now, 6), *event))
 
     def check_transitions(self, touched: Sequence[str], method: str) -> None:
         """Compare each touched row's state with the last one seen (a shadow)."""
@@ -580,13 +830,47 @@ async def _simulate(
     done = trio.Event()
     failure: list[BaseException] = []
 
-    async def check_now() -> None:
+    def check_now() -> Awaitable[Any] | None:
+        """Raise on a broken invariant; an async invariant answers its awaitable."""
         violations = list(sim.checker.violations)
         if violations:
             raise InvariantBroken("; ".join(violations))
         if invariant is not None:
-            views = await _views(sim.driver)
-            await _call(invariant, World(views, sim.driver.now(), sim.driver))
+            jobs = _Views(sim.driver)
+            world = World(jobs, sim.driver.now(), sim.driver)
+            refs = sys.getrefcount(world), sys.getrefcount(jobs)
+            value: object = invariant(world)
+            if inspect.isawaitable(value):
+                jobs.read()  # it runs on: the views of this instant, now
+                return value
+            if refs != (sys.getrefcount(world), sys.getrefcount(jobs)):
+                jobs.read()  # it kept the world: the views of this instant, now
+        return None
+
+    def broke(exc: BaseException) -> None:
+        failure.append(exc)
+        done.set()
+        for scope in inner:
+            scope.cancel()
+
+    async def check_pending(pending: Awaitable[Any]) -> None:
+        try:
+            await pending
+        except BaseException as exc:
+            broke(exc)
+
+    def check_event() -> Awaitable[None] | None:
+        try:
+            pending = check_now()
+        except BaseException as exc:
+            broke(exc)
+            return None
+        return None if pending is None else check_pending(pending)
+
+    arbiter = sim.arbiter
+    arbiter.broke = broke
+    if check == "every-event":
+        arbiter.on_grant = check_event
 
     async def run_worker(label: str, nursery: trio.Nursery) -> None:
         gen = generation[label]
@@ -617,7 +901,9 @@ async def _simulate(
             facade,
             worker_id=f"{label}.{gen}",
             jitter=random.Random(seed + gen * 1009 + zlib.crc32(label.encode()) % 997),
-            boundary=boundary,
+            # The boundary check watches drained workers: without drains it has
+            # nothing to watch, and the hook (an await per step boundary) is left out.
+            boundary=boundary if faults.drain else None,
             **options,
         )
         sim.workers[proxy.label] = worker
@@ -644,37 +930,18 @@ async def _simulate(
         nursery.start_soon(later)
 
     inner: list[trio.CancelScope] = []
+    poll = arbiter.poll = _QuietPoll(sim.driver, max_time)
 
-    async def arbiter_loop(clock: trio.testing.MockClock) -> None:
-        while True:
-            await trio.testing.wait_all_tasks_blocked()
-            if sim.arbiter.grant_one():
-                if check == "every-event":
-                    try:
-                        await check_now()
-                    except BaseException as exc:
-                        failure.append(exc)
-                        done.set()
-                        for scope in inner:
-                            scope.cancel()
-                continue
-            if stopped.is_set():
-                return
-            stats = trio.lowlevel.current_statistics()
-            if trio.current_time() >= max_time or stats.seconds_to_next_deadline == float("inf"):
-                return
-            clock.jump(stats.seconds_to_next_deadline)
+    stopped = arbiter.stopped
 
-    stopped = trio.Event()
-
-    async def main(clock: trio.testing.MockClock) -> None:
+    async def main(clock: _VirtualClock) -> None:
         _seed_trio_scheduler(seed)
         async with (
             open_jobs(sim.driver, jobs=jobs, ids=ids) as _facade,
             trio.open_nursery() as outer,
         ):
-            # The arbiter outlives the workers: their shielded clean-up asks for permits too.
-            outer.start_soon(arbiter_loop, clock)
+            # Checks that run async run here (see _Arbiter._granted).
+            arbiter.nursery = outer
             async with trio.open_nursery() as alarms:
                 sim.nursery = alarms
                 async with trio.open_nursery() as nursery:
@@ -692,12 +959,9 @@ async def _simulate(
                         _ambient.facade_var.reset(token)
                     for label in labels:
                         nursery.start_soon(run_worker, label, nursery)
-                    # quiet: every job settled
-                    while trio.current_time() < max_time and not done.is_set():
-                        await trio.sleep(1.0)
-                        rows = sim.driver._rows.values()
-                        if all(r.state in TERMINAL_STATES for r in rows):
-                            break
+                    # quiet: every job settled, looked at once a virtual second
+                    if trio.current_time() < max_time and not done.is_set():
+                        await poll.wait(clock.now + 1.0)
                     done.set()
                     nursery.cancel_scope.cancel()
                 alarms.cancel_scope.cancel()
@@ -705,20 +969,64 @@ async def _simulate(
             if failure:
                 raise failure[0]
             sim.checker.at_rest()
-            await check_now()
-            sim.final_views = await _views(sim.driver)
+            pending = check_now()
+            if pending is not None:
+                await pending
+            sim.final_views = _views(sim.driver)
             sim.final_now = sim.driver.now()
 
-    clock = trio.testing.MockClock()
-    await trio.to_thread.run_sync(functools.partial(trio.run, main, clock, clock=clock))
+    clock = sim.clock
+    await trio.to_thread.run_sync(
+        functools.partial(trio.run, main, clock, clock=clock, instruments=[sim.arbiter])
+    )
     world = World(sim.final_views, sim.final_now, sim.driver)
     return SimulationResult(seed=seed, trace=list(sim.trace), world=world, job_runs=sim.job_runs)
 
 
-async def _views(driver: MemoryDriver) -> list[JobView]:
+class _Views(Sequence[JobView]):
+    """``World.jobs``: every job's view, read when the invariant first looks at
+    them (with ``check="every-event"`` an invariant that reads only the driver
+    then builds none). The check runs at one instant and reads them then; an
+    invariant that keeps the world, or runs later, gets them read at once."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._driver = driver
+        self._views: list[JobView] | None = None
+
+    def read(self) -> list[JobView]:
+        if self._views is None:
+            self._views = _views(self._driver)
+        return self._views
+
+    @overload
+    def __getitem__(self, index: int) -> JobView: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[JobView]: ...
+
+    def __getitem__(self, index: int | slice) -> JobView | list[JobView]:
+        return self.read()[index]
+
+    def __len__(self) -> int:
+        return len(self.read())
+
+    def __iter__(self) -> Iterator[JobView]:
+        return iter(self.read())
+
+    def __eq__(self, other: object) -> bool:
+        return self.read() == (other.read() if isinstance(other, _Views) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.read())
+
+
+def _views(driver: MemoryDriver) -> list[JobView]:
+    """What ``introspect.show`` answers for every job, read synchronously."""
     intro = driver.introspect
     assert intro is not None
-    return [await intro.show(job_id) for job_id in list(driver._rows)]
+    return [intro._view(intro._row(job_id), steps=True) for job_id in list(driver._rows)]
 
 
 async def simulate_jobs(

@@ -46,7 +46,7 @@ from ..drivers._protocol import (
     StepRecord,
     WorkerInfo,
 )
-from ..errors import JobsError
+from ..errors import ErrorCode, JobsError
 
 __all__ = ["DriverConformance", "ManualClock", "Target", "request"]
 
@@ -491,6 +491,55 @@ class DriverConformance:
         found, _ = await d.events.poll("tx-e", 0.0)
         assert [e.payload for e in found] == [{"n": 2}]
         assert sum(s.ready for s in await d.stats()) == 1
+
+    async def test_a_step_record_in_a_transaction_commits_or_vanishes_with_it(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="st")])
+        job = await _one(d)
+        record = StepRecord("t", "completed", 1, 1, output={"v": 1})
+
+        async def rolled_back() -> None:
+            async with d.transaction() as tx:
+                assert await tx.put_step(job.id, job.fence, record)
+                await tx.enqueue_many([request(key="st-a")])
+                raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await rolled_back()
+        assert await d.steps.load(job.id) == []
+        assert sum(s.ready for s in await d.stats()) == 0
+        async with d.transaction() as tx:
+            assert await tx.put_step(job.id, job.fence, record)
+            await tx.enqueue_many([request(key="st-b")])
+        loaded = await d.steps.load(job.id)
+        assert [(r.name, r.status, r.output) for r in loaded] == [("t", "completed", {"v": 1})]
+        assert sum(s.ready for s in await d.stats()) == 1
+        assert await d.ack(job.id, AckOptions(fence=job.fence))
+
+    async def test_a_step_record_in_a_transaction_is_fenced(self, target: Target) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="sf")])
+        job = await _one(d)
+        record = StepRecord("t", "completed", 1, 1, output=1)
+
+        class Refused(Exception):
+            pass
+
+        async def stale() -> None:
+            async with d.transaction() as tx:
+                await tx.enqueue_many([request(key="sf-a")])
+                # A driver answers False at once, or stages and refuses at commit.
+                if not await tx.put_step(job.id, Fence("intruder", 999_999), record):
+                    raise Refused()
+
+        with pytest.raises((Refused, JobsError)) as err:
+            await stale()
+        if isinstance(err.value, JobsError):
+            assert err.value.code == ErrorCode.X_JOB_LEASE_LOST
+        assert await d.steps.load(job.id) == []
+        assert sum(s.ready for s in await d.stats()) == 0
 
     # ------------------------------------------------------------------ leases
 

@@ -399,3 +399,35 @@ async def test_an_idle_relay_is_woken_by_a_commit_from_another_connection(
     print("relay pickup latencies (s):", [round(x, 4) for x in latencies])
     assert max(latencies) < 1.0, latencies
     assert relay.stats().passes < 40  # it idled; it did not spin
+
+
+# --------------------------------------------------------------------------- step.transaction
+
+
+async def test_a_transaction_step_is_refused_when_the_queue_is_elsewhere(world: World) -> None:
+    from trio_jobs import Retry, Worker
+
+    calls: list[str] = []
+
+    @job(
+        input=Note,
+        tenant="none",
+        idempotency_key=lambda i: f"txstep:{i.key}",
+        retry=Retry(attempts=1),
+        name="outbox.txstep",
+    )
+    async def txstep(ctx: JobContext[Note]) -> None:
+        async def fn(tx: Any) -> None:
+            calls.append("ran")
+
+        await ctx.step.transaction("t", fn)
+
+    world.jobs.register(txstep)
+    enq = await txstep.enqueue(Note("a"))  # outside a transaction: straight to the queue
+    await Worker(world.jobs, queues=["default"]).run_until_quiet()
+    view = await world.jobs.show(enq.id)
+    assert view.state == "dead"
+    assert view.error_code == ErrorCode.X_NOT_IMPLEMENTED
+    assert "outbox" in (view.last_error or "")
+    assert calls == []  # refused before fn ran
+    assert view.steps == []

@@ -187,6 +187,31 @@ def test_sigkill_mid_step_resumes_after_the_lease_lapses_without_rerunning_compl
     assert row(pg_dsn, pg_schema, job_id) == ("done", 2)  # the lapse counted an attempt
 
 
+def test_sigkill_inside_a_transaction_step_leaves_neither_the_write_nor_the_record(
+    procs: Procs, dsn: str, pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    first = procs.worker("--visibility-timeout", "2s")
+    (job_id,) = enqueue(dsn, process_jobs.atomic, "t1")
+    wait_until(lambda: (tmp_path / "atomic-t1").exists(), 10, "the app write to be made")
+    first.send_signal(signal.SIGKILL)
+    first.wait(5)
+    # The write was made in the step's transaction and never committed.
+    assert effects(procs, pg_schema, pg_dsn, "atomic") == []
+    procs.worker("--visibility-timeout", "2s", "--idle-poll-max", "250ms")
+    wait_until(lambda: row(pg_dsn, pg_schema, job_id)[0] == "done", 15, "the job to finish")
+    assert [(w, a) for _k, w, a, _p in effects(procs, pg_schema, pg_dsn, "atomic")] == [
+        ("atomic", 2)
+    ]
+    steps = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT name, status, executions, output::text FROM trio_jobs_steps WHERE job_id = %s",
+        (job_id,),
+    )
+    # The first execution left no record at all: the one record is the second's.
+    assert steps == [("write", "completed", 1, '{"attempt":2}')]
+
+
 def test_sigterm_drains_with_the_attempt_uncounted_and_exits_0(
     procs: Procs, dsn: str, pg_dsn: str, pg_schema: str
 ) -> None:

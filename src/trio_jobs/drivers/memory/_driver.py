@@ -139,6 +139,7 @@ class _MemoryTx:
         self._driver = driver
         self.staged: list[str] = []
         self.events: list[tuple[str, Any]] = []
+        self.step_puts: list[tuple[str, Fence, StepRecord]] = []
         self.finished = trio.Event()
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
@@ -154,6 +155,13 @@ class _MemoryTx:
             ErrorCode.X_NOT_IMPLEMENTED,
             "the memory driver runs no SQL; use postgres_driver(dsn) for tx.execute",
         )
+
+    async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        self._driver._check_open()
+        if self._driver._owned(job_id, fence) is None:
+            return False
+        self.step_puts.append((job_id, fence, record))
+        return True
 
 
 class MemoryDriver:
@@ -324,12 +332,20 @@ class MemoryDriver:
         try:
             yield tx
         except BaseException:
-            for job_id in tx.staged:
-                row = self._rows.pop(job_id, None)
-                if row is not None and self._live.get(_live_key(row)) == job_id:
-                    del self._live[_live_key(row)]
-            tx.finished.set()
+            self._discard(tx)
             raise
+        # Step records first: a fence lost since put_step (the lease lapsed while
+        # the transaction stayed open) applies nothing of the transaction.
+        for job_id, fence, _record in tx.step_puts:
+            if self._owned(job_id, fence) is None:
+                self._discard(tx)
+                raise JobsError(
+                    ErrorCode.X_JOB_LEASE_LOST,
+                    "the job's lease lapsed before the step's transaction committed; "
+                    "nothing of it was applied",
+                )
+        for job_id, _fence, record in tx.step_puts:
+            self.steps._store(job_id, record)
         for job_id in tx.staged:
             row = self._rows.get(job_id)
             if row is not None:
@@ -339,6 +355,13 @@ class MemoryDriver:
             self._publish(name, payload)
         tx.finished.set()
         self._wake.fire()
+
+    def _discard(self, tx: _MemoryTx) -> None:
+        for job_id in tx.staged:
+            row = self._rows.pop(job_id, None)
+            if row is not None and self._live.get(_live_key(row)) == job_id:
+                del self._live[_live_key(row)]
+        tx.finished.set()
 
     # ------------------------------------------------------------------ claim
 
@@ -601,12 +624,15 @@ class _MemorySteps:
         self._d._check_open()
         if self._d._owned(job_id, fence) is None:
             return False
+        self._store(job_id, record)
+        return True
+
+    def _store(self, job_id: str, record: StepRecord) -> None:
         steps = self._d._steps.setdefault(job_id, {})
         old = steps.get(record.name)
         if old is not None and old.seq != record.seq:
             record = attrs.evolve(record, seq=old.seq)
         steps[record.name] = record
-        return True
 
 
 class _MemoryEvents:

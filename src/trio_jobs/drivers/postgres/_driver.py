@@ -78,6 +78,9 @@ STEP_BATCH = 500
 #: Enqueue inputs whose key holder committed after the statement's snapshot are
 #: asked again; this bounds the rounds.
 ENQUEUE_ROUNDS = 8
+#: The most settles remembered as possibly landed (their call raised) until the
+#: same claim settles again; the oldest is forgotten first.
+UNSURE_KEPT = 10_000
 
 _LAPSE_MESSAGE = (
     f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt "
@@ -176,6 +179,9 @@ class PostgresDriver:
         self._step_writer = _GroupCommit(self, self._flush_steps, linger=step_linger)
         self._acker = _GroupCommit(self, self._flush_acks)
         self._registry = _Registry()
+        # Settles whose call raised (the statement may have committed, its answer
+        # lost): the next settle of the same claim is a retry (see ack).
+        self._unsure: dict[tuple[str, int], bool] = {}
         self.steps = _PgSteps(self)
         self.events = _PgEvents(self)
         self.leases: _PgLeases | None = _PgLeases(self)
@@ -567,10 +573,27 @@ class PostgresDriver:
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         """The fenced completion. Concurrent acks from many slots share one
-        statement (the settle combiner); each returns once its row is committed."""
-        return await self._acker.submit((job_id, ""), (job_id, options))
+        statement (the settle combiner); each returns once its row is committed.
 
-    async def _flush_acks(self, batch: builtins.list[tuple[str, AckOptions]]) -> set[int]:
+        A settle whose call raised (a dropped connection: the statement may have
+        committed, its answer lost) is remembered, and the next settle of the
+        same claim is sent as a retry (``again``): it answers ``True`` when that
+        claim's settle already landed, without moving anything twice. A second
+        settle after a clean answer is still refused."""
+        key = (job_id, options.fence.claim)
+        again = self._unsure.pop(key, False)
+        try:
+            return await self._acker.submit((job_id, ""), (job_id, options, again))
+        except BaseException:
+            self._mark_unsure(key)
+            raise
+
+    def _mark_unsure(self, key: tuple[str, int]) -> None:
+        self._unsure[key] = True
+        if len(self._unsure) > UNSURE_KEPT:
+            del self._unsure[next(iter(self._unsure))]
+
+    async def _flush_acks(self, batch: builtins.list[tuple[str, AckOptions, bool]]) -> set[int]:
         rows = [
             _present(
                 ord=i,
@@ -580,42 +603,35 @@ class PostgresDriver:
                 result=_json_or_none(o.result),
                 progress=_progress_json(o.progress),
                 duration=o.duration,
+                again=again or None,
             )
-            for i, (job_id, o) in enumerate(batch, start=1)
+            for i, (job_id, o, again) in enumerate(batch, start=1)
         ]
         found = await self._fetch("ack_many", {"rows": _json(rows)})
         return {int(r[0]) for r in found}
 
     async def _flush_steps(self, batch: builtins.list[tuple[str, Fence, StepRecord]]) -> set[int]:
-        rows = [
-            _present(
-                ord=i,
-                job_id=job_id,
-                worker_id=fence.worker_id,
-                claim=fence.claim,
-                name=r.name,
-                status=r.status,
-                seq=r.seq,
-                executions=r.executions,
-                output=_json_or_none(r.output),
-                error=r.error,
-                error_code=r.error_code,
-                wake_at=r.wake_at,
-                event=r.event,
-                since=r.since,
-                deadline=r.deadline,
-            )
-            for i, (job_id, fence, r) in enumerate(batch, start=1)
-        ]
-        found = await self._fetch("steps_put_many", {"rows": _json(rows)})
+        found = await self._fetch("steps_put_many", {"rows": _step_rows(batch)})
         return {int(r[0]) for r in found}
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
+        """The fenced hand-back; a retry after a call that raised recognises a
+        hand-back that already landed, as :meth:`ack` does."""
+        key = (job_id, options.fence.claim)
+        again = self._unsure.pop(key, False)
+        try:
+            return await self._nack(job_id, options, again)
+        except BaseException:
+            self._mark_unsure(key)
+            raise
+
+    async def _nack(self, job_id: str, options: NackOptions, again: bool) -> bool:
         final = options.state in ("dead", "failed")
         rows = await self._fetch(
             "nack",
             {
                 "id": job_id,
+                "again": again,
                 "worker_id": options.fence.worker_id,
                 "claim": options.fence.claim,
                 "counted": options.counted,
@@ -699,8 +715,40 @@ class _PgTx:
     ) -> list[tuple[Any, ...]]:
         return await self._tx.execute(sql, params if params else None)
 
+    async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        # The fence check takes FOR SHARE on the job row, held until this
+        # transaction ends: no settle or reap can move the row before the commit.
+        rows = await self._run("steps_put_many", {"rows": _step_rows([(job_id, fence, record)])})
+        return bool(rows)
+
 
 # --------------------------------------------------------------------------- steps
+
+
+def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
+    """Step records as the JSON array ``steps_put_many`` takes."""
+    return _json(
+        [
+            _present(
+                ord=i,
+                job_id=job_id,
+                worker_id=fence.worker_id,
+                claim=fence.claim,
+                name=r.name,
+                status=r.status,
+                seq=r.seq,
+                executions=r.executions,
+                output=_json_or_none(r.output),
+                error=r.error,
+                error_code=r.error_code,
+                wake_at=r.wake_at,
+                event=r.event,
+                since=r.since,
+                deadline=r.deadline,
+            )
+            for i, (job_id, fence, r) in enumerate(batch, start=1)
+        ]
+    )
 
 
 @attrs.define(eq=False)

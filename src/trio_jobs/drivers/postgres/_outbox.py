@@ -27,7 +27,7 @@ from ..._time import Clock
 from ...errors import ErrorCode, JobsError
 from ...outbox._codec import encode_event, encode_job
 from ...outbox._protocol import OutboxBatch, OutboxRow, OutboxStore
-from .._protocol import ENQUEUE_CHUNK, EnqueueRequest, EnqueueResult
+from .._protocol import ENQUEUE_CHUNK, EnqueueRequest, EnqueueResult, Fence, StepRecord
 from .._push_wake import PROBE_PREFIX
 from ._bridge import Row, Transaction
 from ._driver import NOTIFY_INTERVAL, PostgresDriver
@@ -259,6 +259,15 @@ class _OutboxTx:
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
     ) -> list[tuple[Any, ...]]:
         return await self._tx.execute(sql, params if params else None)
+
+    async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "ctx.step.transaction needs the step records and the app's tables in one "
+            "database, and with outbox= the queue lives elsewhere; use ctx.step.run with "
+            "an idempotent write (an upsert keyed by ctx.job_id), or put the queue in the "
+            "app's database (open_jobs(postgres_driver(dsn)))",
+        )
 
 
 def postgres_outbox(

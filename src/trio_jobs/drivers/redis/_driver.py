@@ -58,6 +58,9 @@ logger = logging.getLogger("trio_jobs.redis")
 #: The layout of the keys this driver writes. Stored under ``<prefix>:schema``
 #: on first open; a driver speaking another version refuses to open.
 SCHEMA_VERSION = 1
+#: The most settles remembered as possibly landed (their call raised) until the
+#: same claim settles again; the oldest is forgotten first.
+UNSURE_KEPT = 10_000
 
 _LAPSE_MESSAGE = (
     f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt "
@@ -247,6 +250,9 @@ class RedisDriver:
             send_probe=self._send_probe,
             start=self._start_service_task,
         )
+        # Settles whose call raised (the script may have run, its reply lost):
+        # the next settle of the same claim is a retry (see ack).
+        self._unsure: dict[tuple[str, int], bool] = {}
         self.opened = False
         self.closed = False
 
@@ -565,21 +571,53 @@ class RedisDriver:
 
     # ------------------------------------------------------------------ settle
 
+    def _settle_again(self, job_id: str, fence: Fence) -> tuple[tuple[str, int], str]:
+        """The key a settle of ``fence`` is remembered under, and the script's
+        ``again`` flag: ``'1'`` when the last settle of that claim raised (its
+        reply may have been lost after the script ran), so this one is a retry."""
+        key = (job_id, int(fence.claim))
+        return key, "1" if self._unsure.pop(key, False) else ""
+
+    def _mark_unsure(self, key: tuple[str, int]) -> None:
+        self._unsure[key] = True
+        if len(self._unsure) > UNSURE_KEPT:
+            del self._unsure[next(iter(self._unsure))]
+
     async def ack(self, job_id: str, options: AckOptions) -> bool:
-        landed = await self._script(
-            "ack",
-            [
-                job_id,
-                options.fence.worker_id,
-                str(int(options.fence.claim)),
-                _json_opt(options.result),
-                _progress_opt(options.progress),
-                _num(options.duration),
-            ],
-        )
+        """The fenced completion. A retry after a call that raised answers
+        ``True`` when this claim's settle already landed (the script keeps the
+        settling claim), moving nothing twice; after a clean answer a second
+        settle is still refused."""
+        key, again = self._settle_again(job_id, options.fence)
+        try:
+            landed = await self._script(
+                "ack",
+                [
+                    job_id,
+                    options.fence.worker_id,
+                    str(int(options.fence.claim)),
+                    _json_opt(options.result),
+                    _progress_opt(options.progress),
+                    _num(options.duration),
+                    again,
+                ],
+            )
+        except BaseException:
+            self._mark_unsure(key)
+            raise
         return bool(int(landed))
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
+        """The fenced hand-back; a retry recognises its landed hand-back as
+        :meth:`ack` does."""
+        key, again = self._settle_again(job_id, options.fence)
+        try:
+            return await self._nack(job_id, options, again)
+        except BaseException:
+            self._mark_unsure(key)
+            raise
+
+    async def _nack(self, job_id: str, options: NackOptions, again: str) -> bool:
         set_err = options.error_code is not None or options.last_error is not None
         landed = await self._script(
             "nack",
@@ -598,6 +636,7 @@ class RedisDriver:
                 _num(options.delay),
                 _opt(options.waiting_event),
                 _num(options.duration),
+                again,
             ],
         )
         if not int(landed[0]):
@@ -688,6 +727,7 @@ class _RedisTx:
         self._rows: list[EnqueueRequest] = []
         self._keys: dict[str, EnqueueResult] = {}
         self._events: list[tuple[str, str]] = []
+        self._steps: list[list[str]] = []
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         out: list[EnqueueResult | None] = [None] * len(requests)
@@ -738,8 +778,23 @@ class _RedisTx:
             "stage jobs through an outbox (open_jobs(..., outbox=...)) for atomicity with them",
         )
 
+    async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
+        # Staged: the commit script checks the fence and applies nothing when it
+        # no longer holds (X_JOB_LEASE_LOST from commit).
+        self._steps.append(
+            [
+                job_id,
+                fence.worker_id,
+                str(int(fence.claim)),
+                record.name,
+                str(int(record.seq)),
+                _step_body(record),
+            ]
+        )
+        return True
+
     async def commit(self) -> None:
-        if not self._rows and not self._events:
+        if not self._rows and not self._events and not self._steps:
             return
         args = [str(len(self._rows))]
         for r in self._rows:
@@ -747,12 +802,21 @@ class _RedisTx:
         args.append(str(len(self._events)))
         for name, payload in self._events:
             args.extend([name, payload])
+        args.append(str(len(self._steps)))
+        for step in self._steps:
+            args.extend(step)
         reply = await self._d._script("commit", args)
         if isinstance(reply, str | bytes) and _s(reply) == "conflict":
             raise JobsError(
                 ErrorCode.X_INVARIANT,
                 "another enqueue took an idempotency key this transaction staged, between "
                 "the staging and the commit; nothing of the transaction was applied — retry it",
+            )
+        if isinstance(reply, str | bytes) and _s(reply) == "lost":
+            raise JobsError(
+                ErrorCode.X_JOB_LEASE_LOST,
+                "the job's lease lapsed before the step's transaction committed; "
+                "nothing of it was applied",
             )
         self._d._fire([_s(q) for q in reply])
 

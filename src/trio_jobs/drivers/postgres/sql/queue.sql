@@ -229,20 +229,38 @@ ORDER BY 1 DESC, 24, 25;
 -- the `done` counters move in the same statement. Answers the ordinals that
 -- landed. The completions come as one JSON array (`rows`, absent keys read as
 -- NULL), parsed faster than six typed arrays.
+--
+-- A settled row keeps its `claim` (worker_id goes): claim numbers are unique, a
+-- claim's own settle is the only write that leaves a row not running with that
+-- claim (the reap and a cancel clear it, the next claim replaces it), so it
+-- names the settle that landed. An input flagged `again` is the retry of an ack
+-- whose answer never came (the connection dropped; it may have committed): when
+-- its row is no longer running and still carries its claim, that ack landed,
+-- and it answers landed again, moving nothing twice (`again` below).
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 input AS (
     SELECT * FROM json_to_recordset(%(rows)s::json) AS t(
         ord int, id uuid, worker_id text, claim int8, result text, progress text,
-        duration float8)
+        duration float8, again boolean)
 ),
 hit AS (
     UPDATE trio_jobs_jobs j SET
-        state = 'done', result = i.result::json, worker_id = NULL, claim = NULL,
+        state = 'done', result = i.result::json, worker_id = NULL,
         updated_at = n.now, progress = coalesce(i.progress::json, j.progress)
     FROM input i, n
     WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
       AND j.claim = i.claim AND j.lease_expires_at > n.now
     RETURNING j.id, j.name, i.ord, i.duration, n.now
+),
+-- One index lookup per flagged input, none for the others (a scalar subquery,
+-- not a join: the planner cannot turn it into a scan of the jobs table). The
+-- statement's snapshot precedes `hit`, so a row this statement settles is not
+-- seen here as well.
+again AS (
+    SELECT i.ord FROM input i
+    WHERE i.again AND coalesce((
+        SELECT j.state <> 'running' AND j.claim = i.claim
+        FROM trio_jobs_jobs j WHERE j.id = i.id), false)
 ),
 freed AS (
     DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
@@ -254,13 +272,17 @@ counted AS (
     ON CONFLICT (bucket, name) DO UPDATE
         SET done = c.done + excluded.done, duration = c.duration + excluded.duration
 )
-SELECT ord FROM hit;
+SELECT ord FROM hit
+UNION ALL
+SELECT ord FROM again;
 
 -- name: nack
 -- The fenced hand-back. Live again (ready/delayed/suspended, due at `run_at` or
 -- now + `delay`) or for good (dead/failed). `counted = false` gives the attempt
 -- back. Leases released, counters moved and, when the row is due now, its queue
--- announced, all in the same statement.
+-- announced, all in the same statement. The row keeps its `claim`, and `again`
+-- (the retry of a nack whose answer never came) recognises a hand-back that
+-- already landed, as in ack_many: it answers landed and moves nothing twice.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 hit AS (
     UPDATE trio_jobs_jobs j SET
@@ -269,7 +291,7 @@ hit AS (
         progress = coalesce(%(progress)s::json, j.progress),
         error_code = CASE WHEN %(set_error)s THEN %(error_code)s::text ELSE j.error_code END,
         last_error = CASE WHEN %(set_error)s THEN %(last_error)s::text ELSE j.last_error END,
-        worker_id = NULL, claim = NULL, updated_at = n.now,
+        worker_id = NULL, updated_at = n.now,
         state = %(state)s,
         run_at = CASE WHEN %(final)s THEN j.run_at
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
@@ -295,8 +317,18 @@ counted AS (
 notified AS (
     SELECT pg_notify(%(channel)s, hit.queue) FROM hit
     WHERE NOT %(final)s AND hit.run_at <= hit.now AND NOT (hit.queue = ANY(%(quiet)s::text[]))
+),
+again AS (
+    SELECT j.queue, j.run_at, n.now FROM trio_jobs_jobs j, n
+    WHERE %(again)s::bool AND j.id = %(id)s AND j.state <> 'running' AND j.claim = %(claim)s
+),
+landed AS (
+    SELECT queue, run_at, now FROM hit
+    UNION ALL
+    SELECT queue, run_at, now FROM again
 )
-SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(now) FROM hit;
+SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(now)
+FROM landed;
 
 -- name: heartbeat
 -- Renew every held row's lease, and its concurrency leases, in one statement.

@@ -144,6 +144,15 @@ local function owned(jk, worker, claim)
   return nil
 end
 
+-- Whether `claim` settled the row: its ack or nack keeps the claim as 'sc', and
+-- claim numbers are unique, so a row not running that names it is that settle,
+-- landed. A retry whose first try's reply was lost answers landed again, and
+-- moves nothing twice.
+local function settled_by(jk, claim)
+  local f = redis.call('HMGET', jk, 'st', 'sc')
+  return f[1] ~= false and f[1] ~= 'running' and f[2] == claim
+end
+
 -- The row holding an input's live key, or the row already stored under its id
 -- (a republish): {id, run_id}, or nil when the input would be a new row.
 local function holder(lf, id)
@@ -215,6 +224,19 @@ local function publish_event(name, payload, woke)
   end
 end
 
+-- One step record, only while the fence holds the row; a replaced record keeps
+-- the seq it was first recorded under. Answers whether it landed.
+local function put_step(id, worker, claim, name, seq, body)
+  if not owned(jobkey(id), worker, claim) then return false end
+  local sk = P .. ':steps:' .. id
+  local old = redis.call('HGET', sk, name)
+  if old then
+    seq = string.match(old, '^(%-?%d+)\n') or seq
+  end
+  redis.call('HSET', sk, name, seq .. '\n' .. body)
+  return true
+end
+
 local function announce(queues)
   for q, _ in pairs(queues) do
     redis.call('PUBLISH', P .. ':wake', q)
@@ -264,9 +286,10 @@ end
 return out
 
 -- name: commit
--- A transaction's buffered enqueues (rows it answered as new) and publishes,
--- applied together. When another enqueue took one of its keys (or ids) since it
--- was staged, nothing is applied and the script answers 'conflict'.
+-- A transaction's buffered enqueues (rows it answered as new), publishes and
+-- fenced step records, applied together. When another enqueue took one of its
+-- keys (or ids) since it was staged, nothing is applied and the script answers
+-- 'conflict'; when a step record's fence no longer holds its row, 'lost'.
 local n = tonumber(ARGV[A])
 local i = A + 1
 for r = 1, n do
@@ -275,6 +298,19 @@ for r = 1, n do
   end
   i = i + ROW
 end
+local ne = tonumber(ARGV[i])
+local s0 = i + 2 * ne + 1
+local ns = tonumber(ARGV[s0] or '0')
+for r = 0, ns - 1 do
+  local k = s0 + 1 + 6 * r
+  if not owned(jobkey(ARGV[k]), ARGV[k + 1], ARGV[k + 2]) then
+    return 'lost'
+  end
+end
+for r = 0, ns - 1 do
+  local k = s0 + 1 + 6 * r
+  put_step(ARGV[k], ARGV[k + 1], ARGV[k + 2], ARGV[k + 3], ARGV[k + 4], ARGV[k + 5])
+end
 local woke = {}
 i = A + 1
 for r = 1, n do
@@ -282,7 +318,6 @@ for r = 1, n do
   if q then woke[q] = true end
   i = i + ROW
 end
-local ne = tonumber(ARGV[i])
 for e = 1, ne do
   publish_event(ARGV[i + 2 * e - 1], ARGV[i + 2 * e], woke)
 end
@@ -383,14 +418,20 @@ return {taken, exhausted}
 
 -- name: ack
 -- The fenced completion: the row ends done with its result; its live key and
--- concurrency slots are freed and the done counter moves, all here.
+-- concurrency slots are freed and the done counter moves, all here. The row
+-- keeps the claim that settled it ('sc'); `again` (ARGV[A + 6] = '1') is the
+-- retry of an ack whose reply never came (see settled_by).
 local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
 local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local jk = jobkey(id)
 local f = owned(jk, worker, claim)
-if not f then return 0 end
+if not f then
+  if ARGV[A + 6] == '1' and settled_by(jk, claim) then return 1 end
+  return 0
+end
 redis.call('ZREM', P .. ':running', id)
 redis.call('HDEL', jk, 'w', 'c')
+redis.call('HSET', jk, 'sc', claim)
 redis.call('HSET', jk, 'upd', fmt(NOW))
 if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
 if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
@@ -409,10 +450,16 @@ local ec, em, run, delay = ARGV[A + 8], ARGV[A + 9], ARGV[A + 10], ARGV[A + 11]
 local we, dur = ARGV[A + 12], ARGV[A + 13]
 local jk = jobkey(id)
 local f = owned(jk, worker, claim)
-if not f then return {0} end
+if not f then
+  if ARGV[A + 14] == '1' and settled_by(jk, claim) then
+    return {1, redis.call('HGET', jk, 'q'), 0}
+  end
+  return {0}
+end
 local q, name = f[5], f[6]
 redis.call('ZREM', P .. ':running', id)
 redis.call('HDEL', jk, 'w', 'c')
+redis.call('HSET', jk, 'sc', claim)
 redis.call('HSET', jk, 'upd', fmt(NOW))
 if counted == '0' then redis.call('HINCRBY', jk, 'att', -1) end
 if mx ~= '' then
@@ -480,17 +527,11 @@ end
 return out
 
 -- name: step_put
--- One step record, only while the fence holds the row; a replaced record keeps
--- the seq it was first recorded under.
-local id, worker, claim, name, seq, body = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
-if not owned(jobkey(id), worker, claim) then return 0 end
-local sk = P .. ':steps:' .. id
-local old = redis.call('HGET', sk, name)
-if old then
-  seq = string.match(old, '^(%-?%d+)\n') or seq
+-- One step record, only while the fence holds the row (see put_step).
+if put_step(ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]) then
+  return 1
 end
-redis.call('HSET', sk, name, seq .. '\n' .. body)
-return 1
+return 0
 
 -- name: publish
 local woke = {}
