@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,57 @@ def _fail_ship() -> None:
     raise RuntimeError("the carrier refused the parcel")
 
 
+TOKENS = itertools.count(1)
+
+
+def _reset_tokens() -> None:
+    global TOKENS
+    TOKENS = itertools.count(1)
+
+
+@attrs.frozen
+class Receipt:
+    parent: int
+    token: int
+
+
+@job(input=Receipt, idempotency_key=lambda r: f"receipt:{r.token}")
+async def receipt(ctx: JobContext[Receipt]) -> None:
+    return None
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"handoff:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def handoff(ctx: JobContext[Item]) -> int:
+    async def enqueue(tx: Any) -> int:
+        # A fresh key per execution: only the transaction keeps a re-run from
+        # leaving a second receipt.
+        token = next(TOKENS)
+        await receipt.enqueue(Receipt(ctx.input.n, token))
+        return token
+
+    return int(await ctx.step.transaction("handoff", enqueue))
+
+
+def one_receipt_per_handoff(world: World) -> None:
+    all_settled(world)
+    receipts: dict[int, list[int]] = {}
+    parents: dict[int, Any] = {}
+    for view in world.jobs:
+        if view.name == receipt.name:
+            receipts.setdefault(int(view.payload["parent"]), []).append(int(view.payload["token"]))
+        else:
+            parents[int(view.payload["n"])] = view
+    for n, view in parents.items():
+        got = receipts.get(n, [])
+        assert len(got) <= 1, f"handoff {n} left {len(got)} receipts"
+        if view.state == "done":
+            assert got == [view.result], f"handoff {n}: receipts {got}, recorded {view.result}"
+
+
 # ----------------------------------------------------------------------- invariants
 
 
@@ -232,6 +284,14 @@ SCENARIOS: dict[str, Scenario] = {
             lambda: [(per_tenant, Item(i, key=t)) for t in TENANTS for i in range(TENANT_JOBS)],
             one_job_per_tenant_key,
             Faults(crash=0.01),
+        ),
+        Scenario(
+            "transactional-steps",
+            [handoff, receipt],
+            lambda: [(handoff, Item(i)) for i in range(20)],
+            one_receipt_per_handoff,
+            Faults(crash=0.03, lease_loss=0.02, pause=0.01, driver_errors=0.02),
+            reset=_reset_tokens,
         ),
         Scenario(
             "compensation",
