@@ -376,14 +376,8 @@ class Steps:
                 raise
         await s.hit("after-fn", name)
         try:
-            output = json_form(value)
-        except UnserializableError as exc:
-            error = JobsError(
-                ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
-                f"step {name!r} returned a value with no JSON form ({exc}); return plain data "
-                "(a cursor or a small view), not an object graph",
-                meta={"step": name},
-            )
+            output = _output_form(name, value)
+        except JobsError as error:
             await s.put(
                 StepRecord(
                     name=name,
@@ -394,7 +388,7 @@ class Steps:
                     error_code=error.code,
                 )
             )
-            raise error from None
+            raise
         await s.put(
             StepRecord(name=name, status="completed", seq=seq, executions=executions, output=output)
         )
@@ -622,15 +616,7 @@ async def _transact(
                 f"step {name!r} ran past its step_timeout of {timeout}s",
                 meta={"step": name},
             )
-        try:
-            output = json_form(value)
-        except UnserializableError as exc:
-            raise JobsError(
-                ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
-                f"step {name!r} returned a value with no JSON form ({exc}); "
-                "return plain data, not an object graph",
-                meta={"step": name},
-            ) from None
+        output = _output_form(name, value)
         # Still inside the transaction: a crash here rolls the effects back.
         await s.hit("after-fn", name)
     except BaseException as exc:
@@ -672,6 +658,19 @@ async def _transact(
         )
         raise LeaseLost()
     return record
+
+
+def _output_form(name: str, value: Any) -> Any:
+    """A step's output as stored, or terminal ``X_STEP_OUTPUT_UNSERIALIZABLE``."""
+    try:
+        return json_form(value)
+    except UnserializableError as exc:
+        raise JobsError(
+            ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
+            f"step {name!r} returned a value with no JSON form ({exc}); return plain data "
+            "(a cursor or a small view), not an object graph",
+            meta={"step": name},
+        ) from None
 
 
 async def _record_failure(
