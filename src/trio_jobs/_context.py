@@ -14,6 +14,7 @@ import trio
 from . import _ambient, _planted, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
+from ._write_retry import write_retrying
 from .drivers._protocol import Progress, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
 
@@ -169,35 +170,32 @@ class RunState:
         capped backoff within the write budget, while the lease holds as the
         worker knows it (``self.lost``). A retry first reads the record back: a
         write that landed but whose answer was lost is recognised, not redone."""
-        from ._write_retry import is_transient, retry_transient
-
         driver, claimed = self.driver, self.claimed
+
+        async def write() -> bool:
+            return await driver.steps.put(claimed.id, claimed.fence, record)
+
+        async def again() -> bool:
+            stored = await driver.steps.load(claimed.id)
+            return any(r == record for r in stored) or await write()
+
+        landed = False
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
-            try:
-                landed = await driver.steps.put(claimed.id, claimed.fence, record)
-            except JobsError as exc:
-                if not is_transient(exc):
-                    raise
-
-                async def again() -> bool:
-                    stored = await driver.steps.load(claimed.id)
-                    if any(r == record for r in stored):
-                        return True
-                    return await driver.steps.put(claimed.id, claimed.fence, record)
-
-                landed = await retry_transient(
-                    again,
-                    exc,
-                    deadline=scope.deadline,
-                    gone=lambda: self.lost or bool(getattr(driver, "closed", False)),
-                    key=f"{claimed.id}:{claimed.fence.claim}:{record.name}",
-                    event="jobs.step.retry",
-                    fields={
+            landed = await write_retrying(
+                write,
+                again=again,
+                deadline=scope.deadline,
+                gone=lambda: self.lost or bool(getattr(driver, "closed", False)),
+                about=lambda: (
+                    f"{claimed.id}:{claimed.fence.claim}:{record.name}",
+                    "jobs.step.retry",
+                    {
                         "job_id": claimed.id,
                         "attempt": claimed.attempt,
                         "worker_id": claimed.fence.worker_id,
                     },
-                )
+                ),
+            )
         if scope.cancelled_caught:
             landed = False
         if not landed:
@@ -378,16 +376,7 @@ class Steps:
         try:
             output = _output_form(name, value)
         except JobsError as error:
-            await s.put(
-                StepRecord(
-                    name=name,
-                    status="failed",
-                    seq=seq,
-                    executions=executions,
-                    error=str(error),
-                    error_code=error.code,
-                )
-            )
+            await _record_failure(s, name, seq, executions, error)
             raise
         await s.put(
             StepRecord(name=name, status="completed", seq=seq, executions=executions, output=output)

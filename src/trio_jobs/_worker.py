@@ -41,7 +41,7 @@ from ._retry import backoff_delay, retry_after_delay
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
-from ._write_retry import is_transient, retry_transient
+from ._write_retry import write_retrying
 from .drivers._protocol import (
     AckOptions,
     ClaimedJob,
@@ -1118,27 +1118,23 @@ class Worker:
         try:
             with _bounded_shield() as scope:
                 try:
-                    try:
-                        landed = bool(await call())
-                    except JobsError as exc:
-                        if not is_transient(exc):
-                            raise
-                        landed = bool(
-                            await retry_transient(
-                                call,
-                                exc,
-                                deadline=scope.deadline,
-                                gone=self._lease_gone(held),
-                                key=f"{claimed.id}:{claimed.fence.claim}",
-                                event="jobs.settle.retry",
-                                fields={
+                    landed = bool(
+                        await write_retrying(
+                            call,
+                            deadline=scope.deadline,
+                            gone=self._lease_gone(held),
+                            about=lambda: (
+                                f"{claimed.id}:{claimed.fence.claim}",
+                                "jobs.settle.retry",
+                                {
                                     "job_id": claimed.id,
                                     "attempt": claimed.attempt,
                                     "worker_id": self.id,
                                     "write": write,
                                 },
-                            )
+                            ),
                         )
+                    )
                 except JobsError as exc:
                     _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
         finally:

@@ -33,7 +33,14 @@ import trio
 
 from .errors import ErrorCode, JobsError
 
-__all__ = ["RETRY_BASE", "RETRY_CAP", "is_transient", "retry_delay", "retry_transient"]
+__all__ = [
+    "RETRY_BASE",
+    "RETRY_CAP",
+    "is_transient",
+    "retry_delay",
+    "retry_transient",
+    "write_retrying",
+]
 
 T = TypeVar("T")
 
@@ -108,3 +115,32 @@ async def retry_transient(
             if not is_transient(exc):
                 raise
             last = exc
+
+
+async def write_retrying(
+    write: Callable[[], Awaitable[T]],
+    *,
+    again: Callable[[], Awaitable[T]] | None = None,
+    deadline: float,
+    gone: Callable[[], bool],
+    about: Callable[[], tuple[str, str, Mapping[str, Any]]],
+) -> T:
+    """``write()`` once; after a transient failure, :func:`retry_transient` with
+    ``again`` (a retry that first checks whether the lost try landed), or
+    ``write`` itself. ``about()`` answers the retry's jitter key, log event and
+    fields; it is called only on a failure, so the fast path builds nothing."""
+    try:
+        return await write()
+    except JobsError as exc:
+        if not is_transient(exc):
+            raise
+        key, event, fields = about()
+        return await retry_transient(
+            again if again is not None else write,
+            exc,
+            deadline=deadline,
+            gone=gone,
+            key=key,
+            event=event,
+            fields=fields,
+        )

@@ -220,3 +220,30 @@ async def test_a_refused_fence_applies_nothing(autojump_clock: Any) -> None:
             await lapses_before_commit()
         assert err.value.code == ErrorCode.X_JOB_LEASE_LOST
         assert await driver.steps.load(row.id) == []
+
+
+async def test_a_drain_mid_transaction_rolls_back_and_records_nothing(autojump_clock: Any) -> None:
+    # Spec: "A cancelled body writes nothing" — the transaction rethrows the abort.
+    from jobs_support import jobs_on_memory, running_worker
+
+    entered = trio.Event()
+
+    @job(input=Item, idempotency_key=lambda i: i.key, name="tx.drained")
+    async def drained(ctx: JobContext[Item]) -> None:
+        async def fn(tx: Any) -> None:
+            await follow_up.enqueue(Follow("drained"))
+            entered.set()
+            await trio.sleep_forever()
+
+        await ctx.step.transaction("t", fn)
+
+    async with jobs_on_memory([drained, follow_up]) as (jobs, driver):
+        enq = await drained.enqueue(Item("d"))
+        async with running_worker(jobs, queues=["default"]) as worker:
+            await entered.wait()
+            await worker.drain()
+        view = await jobs.show(enq.id)
+        assert view.state == "ready"  # handed back, the attempt given back
+        assert view.attempts == 0
+        assert view.steps == []
+        assert [r.name for r in driver._rows.values()] == ["tx.drained"]
