@@ -14,6 +14,7 @@ import trio
 
 from trio_jobs import JobsError
 
+from .alone import run_alone
 from .scenarios import SCENARIOS, run_scenario
 
 SEEDS_FILE = Path(__file__).with_name("seeds.json")
@@ -86,6 +87,25 @@ def gate(random_seeds: int) -> None:
     click.echo(f"random batch from seed {first}")
     status |= _report(list(SCENARIOS), list(range(first, first + random_seeds)))
     sys.exit(status)
+
+
+@cli.command()
+@click.option(
+    "--scenario", "names", multiple=True, help="Scenario name (repeatable); default: all."
+)
+@click.option("--seeds", "count", type=int, default=100, show_default=True)
+def speed(names: tuple[str, ...], count: int) -> None:
+    """Simulated job runs per CPU second, beside the same workload on the
+    Worker alone (no arbiter, faults or checks): the simulation's floor."""
+    click.echo("| scenario | simulated runs/CPU s | Worker alone runs/CPU s | simulated / alone |")
+    click.echo("|---|---:|---:|---:|")
+    for name in names or SCENARIOS:
+        _count, _failures, runs, cpu = _run(name, list(range(1, count + 1)))
+        alone_runs, alone_cpu = run_alone(name, count)
+        sim_rate = runs / cpu if cpu else 0.0
+        alone_rate = alone_runs / alone_cpu if alone_cpu else 0.0
+        ratio = sim_rate / alone_rate if alone_rate else 0.0
+        click.echo(f"| {name} | {sim_rate:,.0f} | {alone_rate:,.0f} | {ratio:.2f} |")
 
 
 def _report(names: list[str], seeds: list[int]) -> int:

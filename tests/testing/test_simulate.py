@@ -8,7 +8,7 @@ import attrs
 import pytest
 import trio
 
-from trio_jobs import JobContext, JobsError, Retry, job
+from trio_jobs import Concurrency, JobContext, JobsError, Retry, job
 from trio_jobs.testing import Faults, World, simulate_jobs
 
 
@@ -37,6 +37,38 @@ async def test_the_same_seed_gives_the_identical_trace() -> None:
     assert first.job_runs >= 60
     assert [v.state for v in first.world.jobs] == ["done"] * 60
     assert all(v.result == 6 for v in first.world.jobs)
+
+
+BODIES: list[int] = []
+
+
+@job(
+    input=In,
+    idempotency_key=lambda i: f"keyed:{i.n}",
+    concurrency=Concurrency(limit=1, key=lambda i: "the-one-key"),
+)
+async def one_key(ctx: JobContext[In]) -> None:
+    BODIES.append(ctx.input.n)
+    await ctx.step.run("hold", _hold)
+
+
+async def _hold() -> None:
+    await trio.sleep(5)  # virtual time: the key stays busy meanwhile
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_job_runs_count_bodies_run_not_busy_key_hand_backs(seed: int) -> None:
+    # Six runs over one key: the other workers keep claiming them while it is
+    # busy and hand them straight back (hundreds of claims), none of them a run.
+    BODIES.clear()
+    result = await simulate_jobs(
+        jobs=[one_key], workers=3, seed=seed, scenario=[(one_key, In(i)) for i in range(6)]
+    )
+    hand_backs = [e for e in result.trace if e[1:2] != ("scenario",) and e[2:3] == ("nack",)]
+    assert len(hand_backs) > 50
+    assert [v.state for v in result.world.jobs] == ["done"] * 6
+    assert sorted(BODIES) == list(range(6))
+    assert result.job_runs == len(BODIES) == 6
 
 
 async def test_another_seed_interleaves_differently() -> None:

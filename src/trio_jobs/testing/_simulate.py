@@ -96,6 +96,8 @@ class SimulationResult:
     seed: int
     trace: Sequence[tuple[Any, ...]]
     world: World
+    #: Jobs claimed and run: a claim handed straight back because its
+    #: concurrency key was busy (or that a transient error hid) is no run.
     job_runs: int
 
     def trace_bytes(self) -> bytes:
@@ -501,6 +503,8 @@ class _SimDriver:
         fault = await self._gate(method, args)
         if fault == "error-before":
             self._sim.record(self.label, method, "error-before")
+            if method == "leases.acquire":
+                self._sim.job_runs -= 1  # the worker hands the job back: no run
             raise JobsError(ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error")
         attempt_before = 0
         if method == "nack":
@@ -511,6 +515,10 @@ class _SimDriver:
         self._observe(method, args, result, attempt_before)
         if fault == "error-after":
             self._sim.record(self.label, method, "error-after")
+            if method == "claim":
+                self._sim.job_runs -= len(result.jobs)  # the worker never saw them
+            elif method == "leases.acquire" and result.slot is not None:
+                self._sim.job_runs -= 1  # the worker hands the job back: no run
             raise JobsError(
                 ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error (after landing)"
             )
@@ -554,6 +562,10 @@ class _SimDriver:
                 "heartbeat",
                 [(r.job_id[:8], s) for r, s in zip(requests, result, strict=True)],
             )
+        elif method == "leases.acquire" and result.slot is None:
+            # The key is busy: the job goes back unrun. Job runs count the
+            # claims a worker got to run, not these hand-backs.
+            sim.job_runs -= 1
         elif method == "steps.put":
             job_id, fence, record = args
             checker.on_step(job_id, fence, record, bool(result))
