@@ -550,15 +550,16 @@ class Worker:
                 heapq.heappop(self._due_at)  # due: the claim before this wait saw it
             if self._due_at:
                 timeout = min(timeout, self._due_at[0] - now)
-        with trio.CancelScope() as scope:
+        # The one scope of the wait carries its timeout: the wake waits without one.
+        with trio.CancelScope(deadline=trio.current_time() + timeout) as scope:
             self._wait_scope = scope
             if self._stopping:
                 return
             wake = self.driver.wake
             if wake is not None:
-                await wake.wait(self.queues, timeout)
+                await wake.wait(self.queues, math.inf)
             else:
-                await trio.sleep(timeout)
+                await trio.sleep_forever()
         self._wait_scope = None
 
     # ------------------------------------------------------------------ service tasks

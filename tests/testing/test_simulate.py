@@ -7,6 +7,7 @@ import logging
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from trio_jobs import Concurrency, JobContext, JobsError, Retry, job
 from trio_jobs.testing import Faults, World, simulate_jobs
@@ -308,3 +309,41 @@ def test_trio_asks_the_clock_only_when_every_task_is_blocked() -> None:
     asks = [i for i, entry in enumerate(log) if entry.startswith("ask")]
     assert len(asks) >= 3
     assert all(log[i] == "ask:0" and log[i + 1] == "io" for i in asks)
+
+
+def test_the_arbiters_quiet_check_reads_what_trios_statistics_say() -> None:
+    # The arbiter reads "no task runnable, no deadline due" off Trio's runner (the
+    # public statistics also build the I/O backend's, a tenth of a permit's cost).
+    # Pin it to the public answer in each case, so a Trio that changes either
+    # fails here.
+    from trio_jobs.testing import _simulate
+
+    seen: list[tuple[str, bool, bool]] = []
+
+    def probe(label: str) -> None:
+        now = trio.current_time()
+        seen.append((label, _simulate._quiet(now), _simulate._quiet_public(now)))
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> None:
+        probe("alone")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep, 10)
+            probe("a task spawned, not yet run")
+            await trio.sleep(0.5)  # it ran, and sleeps on
+            probe("a deadline ahead")
+            with trio.CancelScope(deadline=trio.current_time() + 1):  # noqa: ASYNC100
+                clock.jump(2)  # past it, before any pass processed it
+                probe("a deadline due")
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=clock)
+    assert _simulate._quiet is _simulate._quiet_runner  # this Trio is readable
+    assert [(label, fast) for label, fast, _public in seen] == [
+        ("alone", True),
+        ("a task spawned, not yet run", False),
+        ("a deadline ahead", True),
+        ("a deadline due", False),
+    ]
+    assert all(fast == public for _label, fast, public in seen)

@@ -611,5 +611,8 @@ class WakeSource(Protocol):
     live: bool
 
     async def wait(self, queues: Sequence[str], timeout: float) -> bool:
-        """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout."""
+        """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout.
+
+        ``timeout`` may be ``math.inf``: the caller's cancel scope bounds the wait
+        (the worker's idle wait does so, one scope for the wait and its timeout)."""
         ...

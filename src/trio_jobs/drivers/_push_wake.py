@@ -9,6 +9,7 @@ for each message and :meth:`_probe` once per session.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -98,6 +99,9 @@ class PushWake:
         waiter = _Waiter(wanted)
         self._waiters.add(waiter)
         try:
+            if timeout == math.inf:
+                await waiter.event.wait()  # the caller's scope bounds it
+                return True
             with trio.move_on_after(timeout):
                 await waiter.event.wait()
                 return True

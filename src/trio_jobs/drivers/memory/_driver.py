@@ -128,6 +128,9 @@ class _Wake:
         if self._event is None:
             self._event = trio.Event()
         event = self._event
+        if timeout == math.inf:
+            await event.wait()  # the caller's scope bounds it (the worker's idle wait)
+            return True
         with trio.move_on_after(timeout):
             await event.wait()
             return True
