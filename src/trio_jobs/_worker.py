@@ -445,6 +445,13 @@ class Worker:
         """Split the free room over the queues (``ceil(room / queues left)``),
         starting after the last queue served; ``skip`` are queues this pass found
         empty, whose room goes to the next."""
+        if len(self.queues) == 1 and not skip:
+            # One queue (the common case): its free slots, capped by max_in_flight.
+            q = self.queues[0]
+            room = self.slots[q] - self._in_flight[q]
+            if self.max_in_flight is not None:
+                room = min(room, self.max_in_flight - len(self._held))
+            return {q: room} if room > 0 else {}
         free = {q: self.slots[q] - self._in_flight[q] for q in self.queues if q not in skip}
         total = sum(max(0, n) for n in free.values())
         if self.max_in_flight is not None:

@@ -208,6 +208,20 @@ class TestMaxInFlight:
                 await wait_for(lambda: len(gates.started) == 15)
             assert max(gates.peak.values()) <= 3
 
+    @pytest.mark.parametrize("cap", [None, 1, 3, 8])
+    async def test_one_queues_room_is_what_the_split_over_queues_gives(
+        self, cap: int | None, autojump_clock: Any
+    ) -> None:
+        # A worker on one queue takes a shorter road to its room; it must answer
+        # what the general split answers, in every state of slots and cap.
+        async with jobs_on_memory([]) as (jobs, _driver):
+            w = Worker(jobs, concurrency=5, max_in_flight=cap)
+            for in_flight, held in itertools.product(range(7), range(10)):
+                w._in_flight["default"] = in_flight
+                w._held = dict.fromkeys(range(held))  # type: ignore[arg-type]
+                general = w._room(frozenset({"not-a-queue"}))
+                assert w._room() == general, (in_flight, held, cap)
+
     async def test_a_worker_at_the_cap_claims_nothing(self, autojump_clock: Any) -> None:
         gates = Gates()
         handle = gated_job(gates)
