@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import trio
 
-from trio_jobs import Concurrency, JobContext, Retry, job
+from trio_jobs import Concurrency, JobContext, Retry, job, publish_event
 from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
 
 
@@ -171,6 +171,49 @@ def one_receipt_per_handoff(world: World) -> None:
             assert got == [view.result], f"handoff {n}: receipts {got}, recorded {view.result}"
 
 
+@attrs.frozen
+class Paid:
+    n: int
+    amount: int
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"order:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def order(ctx: JobContext[Item]) -> int | None:
+    n = ctx.input.n
+    await ctx.step.run("placed", lambda: n)
+    paid = await ctx.step.wait_for_event(
+        "payment", f"paid:{n}", schema=Paid, timeout="90s", match=lambda p: p.n == n
+    )
+    if paid is None:
+        return None
+    return int(await ctx.step.run("ship", lambda: paid.amount))
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"payer:{i.n}:{i.key}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def payer(ctx: JobContext[Item]) -> None:
+    # Publishes after a spread of durable sleeps, so payments land before, while
+    # and after the orders wait; a second payer of the same order publishes again.
+    n, second = ctx.input.n, ctx.input.key == "again"
+    await ctx.step.sleep(f"{(n * 7 + (25 if second else 0)) % 120}s")
+    amount = n * 100 + (1 if second else 0)
+    await ctx.step.run("pay", lambda: publish_event(f"paid:{n}", {"n": n, "amount": amount}))
+
+
+def _orders_and_payments() -> list[tuple[Any, Any]]:
+    work: list[tuple[Any, Any]] = [(order, Item(n)) for n in range(16)]
+    work += [(payer, Item(n)) for n in range(16)]
+    work += [(payer, Item(n, key="again")) for n in range(0, 16, 3)]
+    return work
+
+
 # ----------------------------------------------------------------------- invariants
 
 
@@ -221,6 +264,39 @@ def compensated_lifo(world: World) -> None:
         else:
             assert view.state == "done", f"saga {n} ended {view.state}"
             assert done == [], f"saga {n} compensated although it succeeded: {done}"
+
+
+def payments_kept(world: World) -> None:
+    """An order's wait answers the first matching payment published at or after
+    the wait began, or times out only when none was published before its
+    deadline; never another order's payment, never a lost one."""
+    all_settled(world)
+    events = world.driver._events
+    for view in world.jobs:
+        if view.name != order.name:
+            continue
+        assert view.state == "done", f"order {view.payload} ended {view.state}: {view.last_error}"
+        n = int(view.payload["n"])
+        wait = world.driver._steps[view.id]["payment"]
+        assert wait.since is not None
+        assert wait.deadline is not None
+        since, deadline = wait.since, wait.deadline
+        seen = [e for e in events if e.name == f"paid:{n}" and e.published_at >= since]
+        if wait.output is None:
+            # Published before the deadline: there before any poll at or past it.
+            # (One published at the deadline's very instant may come after the
+            # poll that timed the wait out.)
+            early = [e.published_at for e in seen if e.published_at < deadline]
+            assert not early, (
+                f"order {n} timed out at {deadline} though paid at {early} (waiting since {since})"
+            )
+            assert view.result is None
+        else:
+            assert seen, f"order {n} got {wait.output} with no payment since {since}"
+            assert wait.output == seen[0].payload, (
+                f"order {n} got {wait.output}, the first payment since {since} was {seen[0].payload}"
+            )
+            assert view.result == wait.output["amount"]
 
 
 # ----------------------------------------------------------------------- scenarios
@@ -312,6 +388,13 @@ SCENARIOS: dict[str, Scenario] = {
             compensated_lifo,
             Faults(crash=0.005),
             reset=COMPENSATIONS.clear,
+        ),
+        Scenario(
+            "events",
+            [order, payer],
+            _orders_and_payments,
+            payments_kept,
+            Faults(crash=0.004, lease_loss=0.004, driver_errors=0.01, pause=0.004),
         ),
     ]
 }

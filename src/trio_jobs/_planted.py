@@ -22,6 +22,7 @@ NAMES = frozenset(
         "lease-not-released",  # a settle keeps the run's concurrency lease
         "compensation-reversed",  # compensators run first-in first-out
         "cancelled-body-writes",  # a step starts and records after the abort
+        "event-before-wait",  # a wait sees events published before it began
     }
 )
 
