@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import trio
 
-from trio_jobs import Concurrency, JobContext, Retry, job, publish_event
+from trio_jobs import Concurrency, JobContext, JobsError, Retry, current_jobs, job, publish_event
 from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
 
 
@@ -214,6 +214,47 @@ def _orders_and_payments() -> list[tuple[Any, Any]]:
     return work
 
 
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"target:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def target(ctx: JobContext[Item]) -> int:
+    n = ctx.input.n
+    await ctx.step.run("a", lambda: n)
+    await ctx.step.sleep(f"{n % 5 * 3}s")
+    await ctx.step.run("b", lambda: n)
+    return n
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"operator:{i.n}",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+async def operator(ctx: JobContext[Item]) -> str:
+    # Enqueues its target (exactly once, in the step's transaction), waits a
+    # while, then cancels it: before it starts, while it runs or sleeps, or
+    # after it finished.
+    n = ctx.input.n
+
+    async def enqueue(tx: Any) -> str:
+        return (await target.enqueue(Item(n))).id
+
+    job_id = str(await ctx.step.transaction("enqueue", enqueue))
+    await ctx.step.sleep(f"{(n * 3) % 11}s")
+
+    async def cancel() -> str:
+        try:
+            return (await current_jobs().cancel(job_id, reason="the simulation")).state
+        except JobsError as exc:
+            if exc.code != "X_JOB_NOT_CANCELLABLE":
+                raise  # a transient driver error: the step fails and is retried
+            return str(exc.code)
+
+    return str(await ctx.step.run("cancel", cancel))
+
+
 # ----------------------------------------------------------------------- invariants
 
 
@@ -297,6 +338,31 @@ def payments_kept(world: World) -> None:
                 f"order {n} got {wait.output}, the first payment since {since} was {seen[0].payload}"
             )
             assert view.result == wait.output["amount"]
+
+
+def cancels_hold(world: World) -> None:
+    """A target ends done (its steps all recorded) or cancelled, and a cancel
+    that answered "cancelled" leaves it cancelled."""
+    all_settled(world)
+    targets = {v.id: v for v in world.jobs if v.name == target.name}
+    for view in world.jobs:
+        if view.name != operator.name:
+            continue
+        assert view.state == "done", f"operator {view.payload} ended {view.state}"
+        enqueued = world.driver._steps[view.id]["enqueue"].output
+        answer = view.result
+        tv = targets[enqueued]
+        assert tv.state in ("done", "cancelled"), f"target {tv.payload} ended {tv.state}"
+        if answer == "cancelled":
+            assert tv.state == "cancelled", f"target {tv.payload} cancelled, then {tv.state}"
+        else:
+            # Refused: it had ended, or an earlier execution's cancel landed.
+            assert answer == "X_JOB_NOT_CANCELLABLE", f"cancel answered {answer}"
+        if tv.state == "done":
+            assert tv.result == int(tv.payload["n"])
+            done = {s.name for s in tv.steps if s.status == "completed"}
+            assert {"a", "b"} <= done, f"target {tv.payload} done with steps {done}"
+    assert len(targets) == sum(1 for v in world.jobs if v.name == operator.name)
 
 
 # ----------------------------------------------------------------------- scenarios
@@ -388,6 +454,13 @@ SCENARIOS: dict[str, Scenario] = {
             compensated_lifo,
             Faults(crash=0.005),
             reset=COMPENSATIONS.clear,
+        ),
+        Scenario(
+            "operators",
+            [operator, target],
+            lambda: [(operator, Item(n)) for n in range(20)],
+            cancels_hold,
+            Faults(crash=0.004, lease_loss=0.004, driver_errors=0.01, pause=0.004),
         ),
         Scenario(
             "events",
