@@ -38,10 +38,9 @@ class _CountingDriver(MemoryDriver):
     """A memory driver that counts job runs as the simulation does: jobs
     claimed, less those handed back unrun because their key was busy."""
 
-    runs = 0
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.runs = 0
         leases = self.leases
         assert leases is not None
         acquire = leases.acquire
@@ -49,18 +48,19 @@ class _CountingDriver(MemoryDriver):
         async def counted(*args: Any) -> Any:
             grant = await acquire(*args)
             if grant.slot is None:
-                _CountingDriver.runs -= 1
+                self.runs -= 1
             return grant
 
         leases.acquire = counted  # type: ignore[method-assign]
 
     async def claim(self, options: ClaimOptions) -> ClaimResult:
         result = await super().claim(options)
-        _CountingDriver.runs += len(result.jobs)
+        self.runs += len(result.jobs)
         return result
 
 
-async def _one(name: str) -> None:
+async def _one(name: str) -> int:
+    """One seed's worth of ``name``'s workload; answers its job runs."""
     scenario = SCENARIOS[name]
     scenario.reset()
     driver = _CountingDriver(clock=_TrioClock())
@@ -82,13 +82,15 @@ async def _one(name: str) -> None:
             while any(row.state not in TERMINAL for row in driver._rows.values()):  # noqa: ASYNC110
                 await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
+    return driver.runs
 
 
 def run_alone(name: str, seeds: int) -> tuple[int, float]:
     """Run ``name``'s workload ``seeds`` times; answer (job runs, CPU seconds)."""
     logging.disable(logging.CRITICAL)
-    _CountingDriver.runs = 0
     started = time.process_time()
-    for _ in range(seeds):
+    runs = sum(
         trio.run(_one, name, clock=trio.testing.MockClock(autojump_threshold=0))
-    return _CountingDriver.runs, time.process_time() - started
+        for _ in range(seeds)
+    )
+    return runs, time.process_time() - started

@@ -128,6 +128,19 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+def _step_argv(job_id: str, fence: Fence, record: StepRecord) -> list[str]:
+    """One fenced step write as the scripts take it (``step_put``, and each staged
+    put of a transaction's commit)."""
+    return [
+        job_id,
+        fence.worker_id,
+        str(int(fence.claim)),
+        record.name,
+        str(int(record.seq)),
+        _step_body(record),
+    ]
+
+
 def _step_body(record: StepRecord) -> str:
     return _json(
         {
@@ -781,16 +794,7 @@ class _RedisTx:
     async def put_step(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
         # Staged: the commit script checks the fence and applies nothing when it
         # no longer holds (X_JOB_LEASE_LOST from commit).
-        self._steps.append(
-            [
-                job_id,
-                fence.worker_id,
-                str(int(fence.claim)),
-                record.name,
-                str(int(record.seq)),
-                _step_body(record),
-            ]
-        )
+        self._steps.append(_step_argv(job_id, fence, record))
         return True
 
     async def commit(self) -> None:
@@ -834,17 +838,7 @@ class _RedisSteps:
         return _steps_from(items)
 
     async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
-        landed = await self._d._script(
-            "step_put",
-            [
-                job_id,
-                fence.worker_id,
-                str(int(fence.claim)),
-                record.name,
-                str(int(record.seq)),
-                _step_body(record),
-            ],
-        )
+        landed = await self._d._script("step_put", _step_argv(job_id, fence, record))
         return bool(int(landed))
 
 
