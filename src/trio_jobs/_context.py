@@ -160,6 +160,8 @@ class RunState:
         self.on_progress: Callable[[], None] | None = None
         self.progress_written_at = -math.inf
         self.lost = False
+        #: Whether this attempt records spans (``_tracing.recording()``, asked once).
+        self.traced = False
 
     # ------------------------------------------------------------------ writes
 
@@ -348,7 +350,7 @@ class Steps:
         wants_signal = _wants_signal(fn)
         # One child span of the attempt's span per executed step (a no-op without
         # OpenTelemetry); a replayed step is not executed and has none.
-        with _tracing.step_span(name, executions, once):
+        with _tracing.step_span(name, executions, once, s.traced):
             try:
                 if timeout is None and not wants_signal:
                     # No ceiling and no signal to hand over: the run's own scope
@@ -437,7 +439,7 @@ class Steps:
         await s.hit("before-step", name)
         timeout = s.handle.step_timeout
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        with _tracing.step_span(name, executions, False):
+        with _tracing.step_span(name, executions, False, s.traced):
             record = await _transact(s, name, fn, seq, executions, deadline, timeout)
         s.records[name] = record
         await s.hit("after-record", name)

@@ -53,10 +53,12 @@ def configure(*, propagation: Propagation, tracer_provider: Any) -> None:
     _settings["provider"] = tracer_provider
 
 
-def _recording() -> bool:
+def recording() -> bool:
     """Whether spans go anywhere: a provider was configured here, or an SDK was
     installed globally. Without one, the API's proxy makes no-op spans, and
-    skipping them saves ~12% of a no-op job's CPU (benchmarks/README.md)."""
+    skipping them saves ~12% of a no-op job's CPU (benchmarks/README.md). The
+    worker asks once per attempt (an ``os.environ`` lookup inside
+    OpenTelemetry) and its step spans follow that answer."""
     if not ENABLED:
         return False
     if _settings["provider"] is not None:
@@ -96,10 +98,11 @@ def _extract(trace_context: Mapping[str, str] | None) -> Any:
     return ctx if found.is_valid else None
 
 
-def attempt_span(claimed: ClaimedJob, worker_id: str) -> AbstractContextManager[Any]:
+def attempt_span(claimed: ClaimedJob, worker_id: str, traced: bool) -> AbstractContextManager[Any]:
     """One span for one attempt, current for the body (so step spans nest in it);
-    a no-op context (``None``) when nothing records spans."""
-    if not _recording():
+    a no-op context (``None``) when nothing records spans (``traced``: what
+    :func:`recording` answered for this attempt)."""
+    if not traced:
         return _NO_SPAN
     return _attempt_span(claimed, worker_id)
 
@@ -156,12 +159,13 @@ def end_attempt(span: Any, outcome: str, code: str | None) -> None:
         span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, code or outcome))
 
 
-def step_span(name: str, execution: int, once: bool) -> AbstractContextManager[Any]:
-    """A child span of the current attempt around one executed ``step.run``.
+def step_span(name: str, execution: int, once: bool, traced: bool) -> AbstractContextManager[Any]:
+    """A child span of the current attempt around one executed ``step.run``;
+    ``traced`` is the attempt's answer from :func:`recording`.
 
     An exception is stamped with its type and ``X_*`` code only (its message
     may quote app data) and re-raised unchanged."""
-    if not _recording():
+    if not traced:
         return _NO_SPAN
     return _step_span(name, execution, once)
 

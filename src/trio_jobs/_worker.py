@@ -98,10 +98,12 @@ class _Held:
         "settled",
         "settling",
         "state",
+        "traced",
     )
 
     def __init__(self, claimed: ClaimedJob, now: float) -> None:
         self.claimed = claimed
+        self.traced = False
         self.state: RunState | None = None
         self.abort_at: float | None = None
         self.abandoned = False
@@ -757,7 +759,8 @@ class Worker:
         self._observer.slot_taken(claimed.queue, claimed.name)
         began = trio.current_time()
         try:
-            with _tracing.attempt_span(claimed, self.id) as span:
+            held.traced = _tracing.recording()
+            with _tracing.attempt_span(claimed, self.id, held.traced) as span:
                 try:
                     await self._execute(held)
                 finally:
@@ -856,6 +859,7 @@ class Worker:
             event_poll=self.event_poll or float(getattr(self.driver, "event_poll_default", 30.0)),
         )
         state.on_progress = self._progress_marked
+        state.traced = held.traced
         held.state = state
         if held.pending is not None:
             # Aborted (a drain, a lost lease) between the claim and now.
@@ -979,11 +983,23 @@ class Worker:
                     ),
                 )
             return False
-        # 'wait' (or our own leftover lease): stay queued one poll, attempt uncounted.
+        # 'wait' (or our own leftover lease): stay queued, attempt uncounted. A lease
+        # store that wakes waiters makes the run due when a slot of its key frees,
+        # so it waits up to a visibility timeout (the bound for a wake that never
+        # comes: a holder whose lease ran out with no settle or reap); otherwise
+        # it is tried again a poll later.
+        lease_key = handle.lease_key(ckey)
+        woken = not grant.own and getattr(leases, "wakes_waiters", False)
         await self._nack(
             held,
             NackOptions(
-                fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
+                fence=claimed.fence,
+                state="ready",
+                counted=False,
+                delay=max(self.visibility_timeout, self.poll_interval)
+                if woken
+                else self.poll_interval,
+                busy_key=lease_key if woken else None,
             ),
         )
         return False

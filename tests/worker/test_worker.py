@@ -1322,6 +1322,43 @@ class TestOneRunPerKey:
         assert stats.retried == 0
         assert view.error_code is None
 
+    async def test_a_waiting_run_starts_when_the_key_frees_and_is_not_claimed_meanwhile(
+        self, autojump_clock: Any
+    ) -> None:
+        """A busy run waits on its key: a release makes it due at once, and while
+        the holder runs it is not claimed again each poll (each claim a slot taken
+        and handed back)."""
+        gates = Gates()
+        handle = keyed(gates, "wait")
+        async with jobs_on_memory([handle]) as (jobs, driver):
+            leases = driver.leases
+            assert leases is not None
+            acquire = leases.acquire
+            asked: list[str] = []
+
+            async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
+                asked.append(job_id)
+                return await acquire(key, limit, job_id, *rest)
+
+            leases.acquire = counted  # type: ignore[method-assign]
+            holder = await handle.enqueue(Item("holder", group="acct-1"))
+            async with running_worker(jobs), running_worker(jobs):
+                await wait_for(lambda: gates.started == ["holder"])
+                waiting = await handle.enqueue(Item("waiting", group="acct-1"))
+                await trio.sleep(300)  # the holder runs on for 300 s (10 visibility windows)
+                tries = asked.count(waiting.id)
+                gates.open("holder")
+                released = trio.current_time()
+                await wait_for(lambda: "waiting" in gates.start_times)
+                gates.open("waiting")
+                await wait_state(jobs, holder.id, "done")
+                view = await wait_state(jobs, waiting.id, "done")
+        # claimed once at its enqueue, then at most once per visibility timeout (the
+        # bound for a wake that never comes), not every 1 s poll
+        assert 1 <= tries <= 1 + 300 // 30
+        assert gates.start_times["waiting"] - released < 0.1  # due at the release
+        assert view.attempts == 1
+
     async def test_a_cap_holds_across_workers(self, autojump_clock: Any) -> None:
         """concurrency: N is max simultaneous runs of this job, fleet-wide."""
         running = [0]

@@ -239,6 +239,12 @@ class NackOptions:
     ``counted=False`` gives back the attempt the claim took (a drain, a sleep, a
     suspension, a ``'wait'`` deferral). ``max_attempts`` raises the row's bound
     (the unwind margin).
+
+    ``busy_key``: the concurrency lease key a ``'wait'`` run found busy. A
+    lease store that ``wakes_waiters`` marks the row waiting on that key: the
+    first release of a slot of the key makes the first such row due at once
+    (and a key no longer held when the hand-back lands makes it due at once
+    too), so ``delay`` is only the bound for a wake that never comes.
     """
 
     fence: Fence
@@ -252,6 +258,7 @@ class NackOptions:
     duration: float | None = None
     waiting_event: str | None = None
     max_attempts: int | None = None
+    busy_key: str | None = None
 
 
 class HeartbeatStatus:
@@ -345,7 +352,12 @@ class LeaseStore(Protocol):
     """Fleet-wide slot counting: one row per held slot, keyed ``(lease_key, slot)``.
 
     A lease is renewed by the holder's heartbeat and released by its settle; one
-    that is not renewed expires after ``ttl``."""
+    that is not renewed expires after ``ttl``.
+
+    ``wakes_waiters`` (optional, default ``False``): every release of a slot
+    (settle, reap, cancel, :meth:`release`) makes the first run waiting on its
+    key due at once (see ``NackOptions.busy_key``). The worker then hands a
+    busy run back for a visibility timeout instead of a poll interval."""
 
     async def acquire(
         self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float

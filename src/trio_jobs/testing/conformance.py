@@ -132,6 +132,19 @@ def _leases(driver: JobDriver) -> Any:
     return driver.leases
 
 
+def _waking(driver: JobDriver) -> Any:
+    leases = _leases(driver)
+    if not getattr(leases, "wakes_waiters", False):
+        pytest.skip(f"the {driver.name} driver's lease store does not wake waiting runs")
+    return leases
+
+
+def _busy(job: Any, key: str) -> NackOptions:
+    """The worker's hand-back of a run that met a busy key: it waits on the key,
+    bounded far out (only a release should make it due)."""
+    return NackOptions(fence=job.fence, state="ready", counted=False, delay=VT * 10, busy_key=key)
+
+
 class DriverConformance:
     """Every rule of the driver protocol. Subclass it and provide ``target``."""
 
@@ -611,6 +624,66 @@ class DriverConformance:
         await target.advance(VT * 0.6)
         # a was not renewed for 1.2 windows: its slot expired
         assert (await leases.acquire("exp", 1, b.id, b.fence, VT)).slot == 0
+
+    async def test_a_release_makes_the_first_waiting_run_due(self, target: Target) -> None:
+        d = target.driver
+        leases = _waking(d)
+        await d.enqueue_many([request(key=k) for k in ("holder", "first", "second", "other")])
+        holder, first, second, other = (await d.claim(_claim(n=4))).jobs
+        assert (await leases.acquire("acct", 1, holder.id, holder.fence, VT)).slot == 0
+        for job in (first, second):
+            assert (await leases.acquire("acct", 1, job.id, job.fence, VT)).slot is None
+            assert await d.nack(job.id, _busy(job, "acct"))
+        # a hand-back with no busy key is not woken by the key's release
+        assert await d.nack(
+            other.id, NackOptions(fence=other.fence, state="ready", counted=False, delay=VT * 10)
+        )
+        await target.advance(1)
+        assert (await d.claim(_claim())).jobs == []  # all wait
+        assert await d.ack(holder.id, AckOptions(fence=holder.fence))
+        # one slot came free: the first waiter is due, and only it
+        [woken] = (await d.claim(_claim())).jobs
+        assert woken.id == first.id
+        assert woken.attempt == 1  # the busy hand-back burned no attempt
+        assert (await leases.acquire("acct", 1, woken.id, woken.fence, VT)).slot == 0
+        # a hand-back for good releases too: the next waiter is due
+        assert await d.nack(woken.id, NackOptions(fence=woken.fence, state="dead"))
+        assert [j.id for j in (await d.claim(_claim())).jobs] == [second.id]
+        assert (await d.claim(_claim())).jobs == []
+
+    async def test_a_busy_hand_back_whose_key_came_free_meanwhile_is_due_at_once(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        leases = _waking(d)
+        await d.enqueue_many([request(key="holder"), request(key="late")])
+        holder, late = (await d.claim(_claim(n=2))).jobs
+        assert (await leases.acquire("freed", 1, holder.id, holder.fence, VT)).slot == 0
+        assert (await leases.acquire("freed", 1, late.id, late.fence, VT)).slot is None
+        # the holder settles between the busy acquire and the hand-back
+        assert await d.ack(holder.id, AckOptions(fence=holder.fence))
+        assert await d.nack(late.id, _busy(late, "freed"))
+        assert [j.id for j in (await d.claim(_claim())).jobs] == [late.id]
+
+    async def test_a_lapsed_holder_wakes_a_waiting_run_when_it_is_reaped(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        leases = _waking(d)
+        await d.enqueue_many([request(key="holder")])
+        holder = await _one(d)
+        assert (await leases.acquire("reaped", 1, holder.id, holder.fence, VT)).slot == 0
+        await d.enqueue_many([request(key="waiter")])
+        waiter = await _one(d, "w2")
+        assert (await leases.acquire("reaped", 1, waiter.id, waiter.fence, VT)).slot is None
+        assert await d.nack(waiter.id, _busy(waiter, "reaped"))
+        # the holder's worker died: its row lapses, and the claim that reaps it
+        # releases its slot
+        await target.advance(VT + 1)
+        taken: list[str] = []
+        for _ in range(2):  # the reap's claim, then the next one
+            taken += [j.id for j in (await d.claim(_claim(worker="w3"))).jobs]
+        assert sorted(taken) == sorted([holder.id, waiter.id])
 
     # ------------------------------------------------------------------ stats
 

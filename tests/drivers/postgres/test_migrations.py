@@ -36,6 +36,11 @@ SELECT 'function', p.proname, pg_get_function_arguments(p.oid) || ' -> ' ||
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %(s)s
 UNION ALL
 SELECT 'sequence', s.sequencename, s.data_type::text FROM pg_sequences s WHERE s.schemaname = %(s)s
+UNION ALL
+SELECT 'trigger', c.relname || '.' || t.tgname,
+       regexp_replace(pg_get_triggerdef(t.oid), 'tj_[0-9a-f]+\\.', '', 'g')
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(s)s AND NOT t.tgisinternal
 ORDER BY 1, 2, 3
 """
 

@@ -91,6 +91,8 @@ class _Row:
     version: int = 0
     tx: object | None = None  # the open transaction that staged it, until commit
     sensitive: bool = False
+    #: The concurrency lease key this ready row waits on (a busy-key hand-back).
+    busy_key: str | None = None
 
 
 def _seq(record: StepRecord) -> int:
@@ -179,6 +181,8 @@ class MemoryDriver:
         self._steps: dict[str, dict[str, StepRecord]] = {}
         self._events: list[EventRecord] = []
         self._leases: dict[tuple[str, int], tuple[str, Fence, float]] = {}
+        #: Runs waiting on a busy key, by lease key: (priority, seq, job id) heaps.
+        self._busy_waits: dict[str, list[tuple[int, int, str]]] = {}
         self._paused: set[str] = set()
         self._workers: dict[str, tuple[WorkerInfo, float]] = {}
         self._counters: dict[tuple[float, str], list[float]] = {}
@@ -447,6 +451,7 @@ class MemoryDriver:
         row.lease_expires_at = now + options.visibility_timeout
         row.updated_at = now
         row.waiting_event = None
+        row.busy_key = None
         promoted, row.promoted = row.promoted, False
         self._index_running(row)
         return ClaimedJob(
@@ -544,6 +549,15 @@ class MemoryDriver:
             self._count(row.name, now, options.state, options.duration)
             return True
         run_at = options.run_at if options.run_at is not None else now + (options.delay or 0.0)
+        busy = options.busy_key
+        if busy is not None and options.state == "ready":
+            if self._key_held(busy, now):
+                row.busy_key = busy
+                heapq.heappush(
+                    self._busy_waits.setdefault(busy, []), (row.priority, row.seq, row.id)
+                )
+            else:
+                run_at = now  # released between the busy acquire and now: due at once
         row.run_at = run_at
         row.waiting_event = options.waiting_event
         if options.state == "suspended":
@@ -613,6 +627,31 @@ class MemoryDriver:
             return
         for lkey in [k for k, v in self._leases.items() if v[0] == job_id]:
             del self._leases[lkey]
+            self._wake_waiter(lkey[0])
+
+    def _key_held(self, lease_key: str, now: float) -> bool:
+        return any(k == lease_key and v[2] > now for (k, _slot), v in self._leases.items())
+
+    def _wake_waiter(self, lease_key: str) -> None:
+        """A slot of ``lease_key`` came free: the first run waiting on it (by
+        priority, then enqueue order) is due now."""
+        heap = self._busy_waits.get(lease_key)
+        now = self.now()
+        while heap:
+            _prio, _seq, job_id = heapq.heappop(heap)
+            row = self._rows.get(job_id)
+            if row is None or row.busy_key != lease_key or row.state != "ready":
+                continue  # claimed, cancelled or woken since: a stale entry
+            row.busy_key = None
+            if row.run_at > now:
+                row.run_at = now
+                row.updated_at = now
+                self._index(row)
+                self._wake.fire()
+                break
+            # already due (its bound passed): it is claimable anyway; wake the next
+        if heap is not None and not heap:
+            del self._busy_waits[lease_key]
 
 
 class _MemorySteps:
@@ -655,6 +694,9 @@ class _MemoryEvents:
 
 
 class _MemoryLeases:
+    #: A release makes the first run waiting on its key due (NackOptions.busy_key).
+    wakes_waiters = True
+
     def __init__(self, driver: MemoryDriver) -> None:
         self._d = driver
 

@@ -608,6 +608,9 @@ class PostgresDriver:
             for i, (job_id, o, again) in enumerate(batch, start=1)
         ]
         found = await self._fetch("ack_many", {"rows": _json(rows)})
+        # A released slot made the first run waiting on its key due: wake this
+        # process's idle workers on that queue (the others find it at their poll).
+        self._fire(sorted({r[1] for r in found if r[1] is not None}))
         return {int(r[0]) for r in found}
 
     async def _flush_steps(self, batch: builtins.list[tuple[str, Fence, StepRecord]]) -> set[int]:
@@ -645,6 +648,7 @@ class PostgresDriver:
                 "run_at": options.run_at,
                 "delay": options.delay,
                 "waiting_event": options.waiting_event,
+                "busy_key": options.busy_key if options.state == "ready" else None,
                 "c_retried": 1 if (not final and options.counted) else 0,
                 "c_failed": 1 if options.state == "failed" else 0,
                 "c_dead": 1 if options.state == "dead" else 0,
@@ -655,10 +659,11 @@ class PostgresDriver:
         )
         if not rows or not rows[0][0]:
             return False
-        _count, notified, queue, run_at, now = rows[0]
+        _count, notified, queue, run_at, now, freed = rows[0]
         if notified:
             self._mark_notified([queue])
-        if not final and run_at is not None and float(run_at) <= float(now):
+        if freed or (not final and run_at is not None and float(run_at) <= float(now)):
+            # due now, or a released slot made the first run waiting on its key due
             self._fire([queue])
         return True
 
@@ -899,6 +904,9 @@ class _PgEvents:
 
 
 class _PgLeases:
+    #: A release makes the first run waiting on its key due (trio_jobs_wake_waiter).
+    wakes_waiters = True
+
     def __init__(self, driver: PostgresDriver) -> None:
         self._d = driver
 

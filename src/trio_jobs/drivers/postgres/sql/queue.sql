@@ -151,6 +151,7 @@ claimed AS (
         lease_expires_at = n.now + %(visibility)s,
         updated_at = n.now,
         waiting_event = NULL,
+        busy_key = NULL,
         promoted = false,
         lapsed = false
     FROM pick p, n
@@ -250,7 +251,7 @@ hit AS (
     FROM input i, n
     WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
       AND j.claim = i.claim AND j.lease_expires_at > n.now
-    RETURNING j.id, j.name, i.ord, i.duration, n.now
+    RETURNING j.id, j.name, j.queue, i.ord, i.duration, n.now
 ),
 -- One index lookup per flagged input, none for the others (a scalar subquery,
 -- not a join: the planner cannot turn it into a scan of the jobs table). The
@@ -262,8 +263,12 @@ again AS (
         SELECT j.state <> 'running' AND j.claim = i.claim
         FROM trio_jobs_jobs j WHERE j.id = i.id), false)
 ),
+-- A released slot makes the first run waiting on its key due (the trigger
+-- trio_jobs_wake_waiter): each landed row answers its queue when it held one,
+-- so the driver wakes its own idle workers on that queue.
 freed AS (
     DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
+    RETURNING s.job_id
 ),
 counted AS (
     INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration)
@@ -272,9 +277,10 @@ counted AS (
     ON CONFLICT (bucket, name) DO UPDATE
         SET done = c.done + excluded.done, duration = c.duration + excluded.duration
 )
-SELECT ord FROM hit
+SELECT ord, CASE WHEN EXISTS (SELECT 1 FROM freed f WHERE f.job_id = hit.id) THEN queue END
+FROM hit
 UNION ALL
-SELECT ord FROM again;
+SELECT ord, NULL FROM again;
 
 -- name: nack
 -- The fenced hand-back. Live again (ready/delayed/suspended, due at `run_at` or
@@ -283,7 +289,16 @@ SELECT ord FROM again;
 -- announced, all in the same statement. The row keeps its `claim`, and `again`
 -- (the retry of a nack whose answer never came) recognises a hand-back that
 -- already landed, as in ack_many: it answers landed and moves nothing twice.
+-- `busy_key` (a busy-key hand-back): while a live slot of that key is held the
+-- row waits on it (a release makes it due: trio_jobs_wake_waiter); a key that
+-- came free since the busy acquire makes it due at once.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+busy AS (
+    SELECT EXISTS (
+        SELECT 1 FROM trio_jobs_leases s, n
+        WHERE s.lease_key = %(busy_key)s::text AND s.expires_at > n.now
+    ) AS held
+),
 hit AS (
     UPDATE trio_jobs_jobs j SET
         attempts = j.attempts - CASE WHEN %(counted)s THEN 0 ELSE 1 END,
@@ -294,15 +309,18 @@ hit AS (
         worker_id = NULL, updated_at = n.now,
         state = %(state)s,
         run_at = CASE WHEN %(final)s THEN j.run_at
+                      WHEN %(busy_key)s::text IS NOT NULL AND NOT b.held THEN n.now
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
-        waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END
-    FROM n
+        waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END,
+        busy_key = CASE WHEN b.held THEN %(busy_key)s::text END
+    FROM n, busy b
     WHERE j.id = %(id)s AND j.state = 'running' AND j.worker_id = %(worker_id)s
       AND j.claim = %(claim)s AND j.lease_expires_at > n.now
     RETURNING j.id, j.name, j.queue, j.run_at, n.now
 ),
 freed AS (
     DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
+    RETURNING s.job_id
 ),
 counted AS (
     INSERT INTO trio_jobs_counters AS c (bucket, name, retried, failed, dead, duration)
@@ -327,7 +345,8 @@ landed AS (
     UNION ALL
     SELECT queue, run_at, now FROM again
 )
-SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(now)
+SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(now),
+    (SELECT count(*) FROM freed)
 FROM landed;
 
 -- name: heartbeat

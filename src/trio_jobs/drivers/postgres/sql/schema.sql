@@ -1,4 +1,4 @@
--- The trio-jobs schema as of migration 0003: what replaying every migration gives.
+-- The trio-jobs schema as of migration 0004: what replaying every migration gives.
 --
 -- Times are float8 seconds since the Unix epoch, decided by the database's clock
 -- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
@@ -45,7 +45,9 @@ CREATE TABLE trio_jobs_jobs (
     promoted         boolean NOT NULL DEFAULT false,
     lapsed           boolean NOT NULL DEFAULT false,
     -- declared sensitive=True (NULL: enqueued before 0003; read as sensitive)
-    sensitive        boolean
+    sensitive        boolean,
+    -- the concurrency lease key this ready row waits on (a busy-key hand-back)
+    busy_key         text
 );
 
 -- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
@@ -107,6 +109,33 @@ CREATE TABLE trio_jobs_leases (
     PRIMARY KEY (lease_key, slot)
 );
 CREATE INDEX trio_jobs_leases_job_idx ON trio_jobs_leases (job_id);
+
+-- Runs waiting on a busy key, first by priority then enqueue order.
+CREATE INDEX trio_jobs_jobs_busy_idx
+    ON trio_jobs_jobs (busy_key, priority, seq)
+    WHERE busy_key IS NOT NULL;
+
+-- A released slot makes the first run waiting on its key due at once (at the
+-- instant of its hand-back: no clock is read here).
+CREATE FUNCTION trio_jobs_wake_waiter() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE trio_jobs_jobs j SET run_at = least(j.run_at, j.updated_at), busy_key = NULL
+    WHERE j.id = (
+        SELECT w.id FROM trio_jobs_jobs w
+        WHERE w.busy_key = OLD.lease_key AND w.state = 'ready'
+        ORDER BY w.priority, w.seq
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED
+    );
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER trio_jobs_leases_wake_waiter
+    AFTER DELETE ON trio_jobs_leases
+    FOR EACH ROW EXECUTE FUNCTION trio_jobs_wake_waiter();
 
 CREATE TABLE trio_jobs_events (
     id           bigserial PRIMARY KEY,
