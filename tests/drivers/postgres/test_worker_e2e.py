@@ -4,15 +4,15 @@ multi-step job to completion, steps recorded through the group commit."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from trio_jobs import Concurrency, JobContext, Worker, job, open_jobs
+from trio_jobs import JobContext, Worker, job, open_jobs
 from trio_jobs.drivers.postgres import postgres_driver
 
+from ..busy_wait import check_a_busy_key_wakes_its_waiter
 from .conftest import sql
 
 pytestmark = pytest.mark.postgres
@@ -57,66 +57,7 @@ async def test_a_worker_runs_jobs_enqueued_in_a_transaction(pg_dsn: str, pg_sche
     assert all([s.name for s in v.steps] == ["charge", "pack"] for v in views)
 
 
-@attrs.frozen
-class Charge:
-    n: int
-
-
-holding = {"release": trio.Event(), "started": {}}  # type: dict[str, Any]
-
-
-@job(
-    input=Charge,
-    tenant="none",
-    idempotency_key=lambda i: f"charge:{i.n}",
-    concurrency=Concurrency(limit=1, key=lambda i: "acct-1"),
-)
-async def charge_account(ctx: JobContext[Charge]) -> None:
-    holding["started"][ctx.input.n] = trio.current_time()
-    if ctx.input.n == 0:
-        await holding["release"].wait()
-
-
 async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
     pg_dsn: str, pg_schema: str
 ) -> None:
-    """The waiting run is not claimed again each poll while the key is busy, and
-    the holder's settle makes it due and wakes the worker: it starts at once,
-    not an idle poll (here up to 30 s) later."""
-    holding["release"] = trio.Event()
-    holding["started"] = {}
-    async with open_jobs(postgres_driver(pg_dsn, schema=pg_schema), jobs=[charge_account]) as jobs:
-        leases = jobs.driver.leases
-        assert leases is not None
-        acquire = leases.acquire
-        asked: list[str] = []
-
-        async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
-            asked.append(job_id)
-            return await acquire(key, limit, job_id, *rest)
-
-        leases.acquire = counted  # type: ignore[method-assign]
-        holder = await charge_account.enqueue(Charge(0))
-        options: dict[str, Any] = {"poll_interval": "50ms", "idle_poll_max": "30s"}
-        async with trio.open_nursery() as nursery:
-            workers = [Worker(jobs, **options), Worker(jobs, **options)]
-            for w in workers:
-                await nursery.start(w.run)
-            with trio.fail_after(20):
-                while 0 not in holding["started"]:  # noqa: ASYNC110 — bounded wait
-                    await trio.sleep(0.01)
-                waiting = await charge_account.enqueue(Charge(1))
-                await trio.sleep(4)  # the idle workers back off to multi-second polls
-                tries = asked.count(waiting.id)
-                released = trio.current_time()
-                holding["release"].set()
-                while 1 not in holding["started"]:  # noqa: ASYNC110 — bounded wait
-                    await trio.sleep(0.01)
-            for w in workers:
-                await w.drain()
-        assert (await jobs.show(holder.id)).state == "done"
-        view = await jobs.show(waiting.id)
-    assert view.state == "done"
-    assert view.attempts == 1
-    assert tries == 1  # claimed once at its enqueue, then waited on the key
-    assert holding["started"][1] - released < 2.0
+    await check_a_busy_key_wakes_its_waiter(postgres_driver(pg_dsn, schema=pg_schema))

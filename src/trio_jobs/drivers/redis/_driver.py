@@ -650,6 +650,7 @@ class RedisDriver:
                 _opt(options.waiting_event),
                 _num(options.duration),
                 again,
+                _opt(options.busy_key if options.state == "ready" else None),
             ],
         )
         if not int(landed[0]):
@@ -865,6 +866,9 @@ class _RedisLeases:
     checks every slot of the lease key at once. A slot is free when unset or
     when its holder's expiry (in the value, on the server's clock) has passed;
     the key's own TTL only collects garbage."""
+
+    #: A release makes the first run waiting on its key due (``wake_waiter``).
+    wakes_waiters = True
 
     def __init__(self, driver: RedisDriver) -> None:
         self._d = driver

@@ -26,6 +26,8 @@
 --   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n)
 --   P:lease:<key>:<slot>     a held concurrency slot: 'job\nworker\nclaim\nexpires'
 --   P:lslots:<key>, P:jl:<id>  the slots of one lease key / held by one job
+--   P:busy:<key>             runs waiting on a busy lease key: score = priority,
+--                            member = '<seq>' .. id (see wake_waiter)
 --   P:wake                   the pub/sub channel; the message is a queue name
 
 -- name: prelude
@@ -103,12 +105,49 @@ local function parse_lease(v)
   return j, w, c, tonumber(e)
 end
 
+-- Whether a live slot of lease key `key` is held.
+local function key_held(key)
+  for _, sk in ipairs(redis.call('SMEMBERS', P .. ':lslots:' .. key)) do
+    local j, w, c, e = parse_lease(redis.call('GET', sk))
+    if j and e > NOW then return true end
+  end
+  return false
+end
+
+-- A slot of `key` came free: the first run waiting on it (P:busy:<key>, by
+-- priority then enqueue order) is due now. Entries of rows claimed, cancelled
+-- or woken since are stale: skipped.
+local function wake_waiter(key)
+  local bk = P .. ':busy:' .. key
+  while true do
+    local got = redis.call('ZPOPMIN', bk)
+    if #got == 0 then return end
+    local id = string.sub(got[1], 13)
+    local jk = jobkey(id)
+    local f = redis.call('HMGET', jk, 'st', 'bk', 'q', 'run')
+    if f[1] == 'ready' and f[2] == key then
+      redis.call('HDEL', jk, 'bk')
+      if tonumber(f[4]) > NOW then
+        redis.call('ZREM', P .. ':sched:' .. f[3], id)
+        redis.call('HSET', jk, 'run', fmt(NOW))
+        index(jk, id, f[3])
+        redis.call('PUBLISH', P .. ':wake', f[3])
+        return
+      end
+      -- already due (its bound passed): claimable anyway; wake the next
+    end
+  end
+end
+
+-- Release every slot `id` holds; each wakes the first run waiting on its key.
 local function release_leases(id)
   local jl = P .. ':jl:' .. id
   for _, sk in ipairs(redis.call('SMEMBERS', jl)) do
     local j = parse_lease(redis.call('GET', sk))
     if j == id then
       redis.call('DEL', sk)
+      -- sk is P:lease:<key>:<slot>
+      wake_waiter(string.match(string.sub(sk, #P + 8), '^(.*):%d+$'))
     end
   end
   redis.call('DEL', jl)
@@ -401,7 +440,7 @@ while i <= #ARGV do
           set_state(jk, q, f[1], 'running')
           redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
             'upd', fmt(NOW), 'pr', 0, 'lp', 0)
-          redis.call('HDEL', jk, 'rm', 'we')
+          redis.call('HDEL', jk, 'rm', 'we', 'bk')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           redis.call('ZADD', P .. ':running', le, id)
           local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
@@ -444,6 +483,7 @@ return 1
 -- name: nack
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
+-- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none).
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
 local ec, em, run, delay = ARGV[A + 8], ARGV[A + 9], ARGV[A + 10], ARGV[A + 11]
@@ -480,6 +520,20 @@ if st == 'dead' or st == 'failed' then
 end
 local run_at
 if run ~= '' then run_at = tonumber(opt(run)) else run_at = NOW + (tonumber(opt(delay)) or 0) end
+local busy = opt(ARGV[A + 15])
+if busy and st == 'ready' then
+  -- A busy-key hand-back waits on the key while a live slot of it is held (a
+  -- release wakes it: wake_waiter); a key that came free meanwhile: due now.
+  if key_held(busy) then
+    local g = redis.call('HMGET', jk, 'prio', 'seq')
+    local bk = P .. ':busy:' .. busy
+    redis.call('HSET', jk, 'bk', busy)
+    redis.call('ZADD', bk, tonumber(g[1]), string.format('%012d', tonumber(g[2])) .. id)
+    redis.call('EXPIRE', bk, 86400)  -- stale entries go a day after the last hand-back
+  else
+    run_at = NOW
+  end
+end
 redis.call('HSET', jk, 'run', fmt(run_at))
 if we ~= '' then
   redis.call('HSET', jk, 'we', opt(we))

@@ -1,0 +1,75 @@
+"""A run waiting on a busy concurrency key, on a real driver: shared by the
+PostgreSQL and Redis driver tests (both lease stores wake waiters)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from trio_jobs import Concurrency, JobContext, Worker, job, open_jobs
+from trio_jobs.drivers import JobDriver
+
+
+@attrs.frozen
+class Charge:
+    n: int
+
+
+holding = {"release": trio.Event(), "started": {}}  # type: dict[str, Any]
+
+
+@job(
+    input=Charge,
+    tenant="none",
+    idempotency_key=lambda i: f"charge:{i.n}",
+    concurrency=Concurrency(limit=1, key=lambda i: "acct-1"),
+)
+async def charge_account(ctx: JobContext[Charge]) -> None:
+    holding["started"][ctx.input.n] = trio.current_time()
+    if ctx.input.n == 0:
+        await holding["release"].wait()
+
+
+async def check_a_busy_key_wakes_its_waiter(driver: JobDriver) -> None:
+    """On a real driver whose lease store wakes waiters: a run waiting on a busy
+    key is not claimed again each poll while the key stays busy, and the
+    holder's settle makes it due and wakes a worker: it starts at once, not an
+    idle poll (here up to 30 s) later."""
+    holding["release"] = trio.Event()
+    holding["started"] = {}
+    async with open_jobs(driver, jobs=[charge_account]) as jobs:
+        leases = jobs.driver.leases
+        assert leases is not None
+        acquire = leases.acquire
+        asked: list[str] = []
+
+        async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
+            asked.append(job_id)
+            return await acquire(key, limit, job_id, *rest)
+
+        leases.acquire = counted  # type: ignore[method-assign]
+        holder = await charge_account.enqueue(Charge(0))
+        options: dict[str, Any] = {"poll_interval": "50ms", "idle_poll_max": "30s"}
+        async with trio.open_nursery() as nursery:
+            workers = [Worker(jobs, **options), Worker(jobs, **options)]
+            for w in workers:
+                await nursery.start(w.run)
+            with trio.fail_after(20):
+                while 0 not in holding["started"]:  # noqa: ASYNC110 — bounded wait
+                    await trio.sleep(0.01)
+                waiting = await charge_account.enqueue(Charge(1))
+                await trio.sleep(4)  # the idle workers back off to multi-second polls
+                tries = asked.count(waiting.id)
+                released = trio.current_time()
+                holding["release"].set()
+                while 1 not in holding["started"]:  # noqa: ASYNC110 — bounded wait
+                    await trio.sleep(0.01)
+                while sum(s.done for s in await jobs.stats()) < 2:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            for w in workers:
+                await w.drain()
+        assert {holder.id, waiting.id} == set(asked)
+    assert tries == 1  # claimed once at its enqueue, then waited on the key
+    assert holding["started"][1] - released < 2.0
