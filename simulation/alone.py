@@ -74,7 +74,7 @@ async def _one(name: str) -> int:
                     worker_id=f"w{k}",
                     visibility_timeout=SIM_VT,
                     poll_interval=0.25,
-                    idle_poll_max=2.0,
+                    idle_poll_max=5.0,
                     heartbeat_interval=9.987654,
                 )
                 nursery.start_soon(worker.run)

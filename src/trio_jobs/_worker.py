@@ -291,6 +291,9 @@ class Worker:
         # When the rows this worker handed back (retries, sleeps, event waits)
         # fall due, on the driver's clock: an idle wait never outlasts the next.
         self._due_at: list[float] = []
+        #: What the last claim said of the next row to fall due (driver clock):
+        #: None when the driver does not say.
+        self._next_due: float | None = None
         self._counts = dict.fromkeys(
             ("done", "retried", "dead_lettered", "failed", "drained", "leases_lost", "abandoned"), 0
         )
@@ -492,6 +495,7 @@ class Worker:
                     drop_names=drop,
                 )
             )
+            self._next_due = result.next_due
             for ex in result.exhausted:
                 nursery.start_soon(self._exhausted, ex)
             buried = buried or bool(result.exhausted)
@@ -537,7 +541,8 @@ class Worker:
             if claimed_n:
                 delay = self.poll_interval
                 if self._room() and not until_quiet:
-                    await self._idle_wait(self.poll_interval)
+                    # Room left: every queue came back short, nothing more is due.
+                    await self._idle_wait(self._quiet_delay(delay))
                 else:
                     await trio.lowlevel.checkpoint()
                 continue
@@ -549,16 +554,35 @@ class Worker:
                 self._slot_freed = trio.Event()
                 await self._slot_freed.wait()
                 continue
-            await self._idle_wait(delay)
+            await self._idle_wait(self._quiet_delay(delay))
             delay = min(delay * 2, self.idle_poll_max)
 
+    def _quiet_delay(self, delay: float) -> float:
+        """How long to wait after a claim that left nothing due. The backoff
+        guesses when a row another worker delayed falls due; a driver that says
+        when the next one does (``ClaimResult.next_due``), behind a live wake that
+        announces new work, makes the guess moot: wait up to the idle ceiling
+        (``_idle_wait`` stops at that row's due time)."""
+        next_due = self._next_due
+        if next_due is None:
+            return delay
+        wake = self.driver.wake
+        if wake is None or not getattr(wake, "live", False):
+            return delay
+        if next_due <= self.driver.now():
+            return delay  # due, yet not claimed (a paused queue): keep backing off
+        return self.idle_poll_max
+
     async def _idle_wait(self, timeout: float) -> None:
-        if self._due_at:
+        next_due = self._next_due
+        if self._due_at or next_due is not None:
             now = self.driver.now()
             while self._due_at and self._due_at[0] <= now:
                 heapq.heappop(self._due_at)  # due: the claim before this wait saw it
             if self._due_at:
                 timeout = min(timeout, self._due_at[0] - now)
+            if next_due is not None and next_due > now:
+                timeout = min(timeout, next_due - now)
         # The one scope of the wait carries its timeout: the wake waits without one.
         with trio.CancelScope(deadline=trio.current_time() + timeout) as scope:
             self._wait_scope = scope
@@ -1231,6 +1255,13 @@ class Worker:
                 else self.driver.now() + (options.delay or 0.0)
             )
             heapq.heappush(self._due_at, run_at)
+            scope = self._wait_scope
+            if scope is not None:
+                # An idle wait under way (it may be long: see _quiet_delay) ends
+                # when this hand-back falls due.
+                due = trio.current_time() + max(0.0, run_at - self.driver.now())
+                if due < scope.deadline:
+                    scope.deadline = due
         return landed
 
     async def _fail(

@@ -349,3 +349,20 @@ def test_the_arbiters_quiet_check_reads_what_trios_statistics_say() -> None:
         ("a deadline due", False),
     ]
     assert all(fast == public for _label, fast, public in seen)
+
+
+def test_a_crash_landing_with_the_end_of_the_simulation_leaves_only_the_rest() -> None:
+    # A worker crash (Killed) may land in the same nursery exit as the end's
+    # cancellation: the crash is the simulation's, the rest goes on up.
+    from trio_jobs.testing._crash import Killed
+    from trio_jobs.testing._simulate import _without_killed
+
+    ending = KeyboardInterrupt()
+    mixed = BaseExceptionGroup("x", [Killed(), BaseExceptionGroup("y", [ending, Killed()])])
+    rest = _without_killed(mixed)
+    assert isinstance(rest, BaseExceptionGroup)
+    assert [type(e) for e in rest.exceptions[0].exceptions] == [KeyboardInterrupt]
+    assert _without_killed(Killed()) is None
+    assert _without_killed(BaseExceptionGroup("z", [Killed(), Killed()])) is None
+    other = ValueError("a real failure")
+    assert _without_killed(other) is other

@@ -14,6 +14,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -321,9 +322,48 @@ class TestPolling:
             ):
                 await trio.sleep(9.9)
         gaps = [round(b - a, 3) for a, b in zip(spy.times, spy.times[1:], strict=False)]
-        assert gaps[:7] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0][: len(gaps[:7])]
-        assert len(gaps) >= 6
+        if with_wake:
+            # A live wake announces new work and the claim says nothing falls due
+            # (ClaimResult.next_due): no backoff to guess with, the ceiling at once.
+            assert gaps[:4] == [2.0, 2.0, 2.0, 2.0]
+        else:
+            assert gaps[:7] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0][: len(gaps[:7])]
+            assert len(gaps) >= 6
         assert max(gaps) == 2.0
+
+    @pytest.mark.parametrize("says", [True, False])
+    async def test_a_delayed_row_starts_when_it_falls_due_when_the_claim_says_when(
+        self, says: bool, autojump_clock: Any
+    ) -> None:
+        starts: list[float] = []
+
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def noted(ctx: JobContext[Item]) -> None:
+            starts.append(trio.current_time())
+
+        async with jobs_on_memory([noted]) as (jobs, driver):
+            spy = ClaimSpy(driver)
+            if not says:
+                claim = driver.claim
+
+                async def silent(options: Any) -> Any:
+                    return attrs.evolve(await claim(options), next_due=None)
+
+                driver.claim = silent  # type: ignore[method-assign]
+            async with running_worker(jobs, poll_interval="250ms", idle_poll_max="5s"):
+                await trio.sleep(10.1)  # idle at the ceiling
+                enqueued_at = trio.current_time()
+                await noted.enqueue(Item("later"), delay="3s")
+                await wait_for(lambda: starts)
+                claims = [t for t in spy.times if t >= enqueued_at]
+        if says:
+            # woken by the enqueue, told the row falls due in 3 s: one more claim, then
+            assert starts[0] - enqueued_at == pytest.approx(3.0, abs=1e-6)
+            assert len(claims) == 2
+        else:
+            # woken by the enqueue, nothing due: the next look is a ceiling later
+            assert starts[0] - enqueued_at == pytest.approx(5.0, abs=1e-6)
+            assert len(claims) == 2
 
     async def test_the_memory_drivers_wake_picks_work_up_at_once(self, autojump_clock: Any) -> None:
         starts: list[float] = []

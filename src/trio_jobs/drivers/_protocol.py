@@ -202,10 +202,18 @@ class Exhausted:
 
 @attrs.frozen
 class ClaimResult:
-    """What a claim answers: the rows it handed out, and the rows it buried."""
+    """What a claim answers: the rows it handed out, and the rows it buried.
+
+    ``next_due`` (optional): the earliest instant, on the driver's clock, at
+    which a row not due now may become claimable: a waiting row's due time, or a
+    running row's lease lapse (its reap re-offers it). ``math.inf`` when there is
+    none, ``None`` when the driver does not say. It may be early (a row since
+    claimed or cancelled), never late. A worker whose wake is live sleeps until
+    then (within its idle ceiling) instead of polling its way there."""
 
     jobs: Sequence[ClaimedJob] = ()
     exhausted: Sequence[Exhausted] = ()
+    next_due: float | None = None
 
 
 # --------------------------------------------------------------------------- settle

@@ -22,6 +22,7 @@ Needs pytest-trio with ``trio_mode = true``.
 from __future__ import annotations
 
 import inspect
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -217,6 +218,34 @@ class DriverConformance:
         assert sum(s.delayed for s in stats) == 1
         await target.advance(61.0)
         assert len((await d.claim(_claim())).jobs) == 1
+
+    async def test_a_claim_that_says_when_the_next_row_falls_due_is_never_late(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        first = await d.claim(_claim())
+        if first.next_due is None:
+            pytest.skip(f"the {d.name} driver's claim does not say when the next row falls due")
+        assert first.next_due == math.inf  # nothing waits, nothing runs
+        await d.enqueue_many(
+            [request(key="later", delay=60.0), request(key="elsewhere", queue="p")]
+        )
+        before = d.now()
+        got = await d.claim(_claim())
+        assert got.jobs == []
+        assert got.next_due is not None
+        assert got.next_due <= before + 60.0 + 1e-6  # the delayed row: never late
+        await d.enqueue_many([request(key="now")])
+        running = await _one(d)
+        nd = (await d.claim(_claim())).next_due
+        assert nd is not None
+        # the running row's lease lapses first: its reap re-offers it
+        assert nd <= running.lease_expires_at + 1e-6
+        assert await d.ack(running.id, AckOptions(fence=running.fence))
+        await target.advance(61.0)
+        [late] = (await d.claim(_claim())).jobs
+        assert await d.ack(late.id, AckOptions(fence=late.fence))
+        assert (await d.claim(_claim())).next_due == math.inf  # settled: nothing to wait for
 
     async def test_thousand_row_batch(self, target: Target) -> None:
         reqs = [request(key=f"bulk{i}") for i in range(1000)]

@@ -389,7 +389,27 @@ class MemoryDriver:
                     continue
                 taken.append(self._take(row, options, now))
                 want -= 1
-        return ClaimResult(jobs=taken, exhausted=exhausted)
+        return ClaimResult(jobs=taken, exhausted=exhausted, next_due=self._next_due())
+
+    def _next_due(self) -> float:
+        """The earliest scheduled due time or running lease lapse, over every
+        queue (so early, never late). Stale heap tops are dropped first."""
+        rows = self._rows
+        scheduled, running = self._scheduled, self._running
+        while scheduled:
+            row = rows.get(scheduled[0][3])
+            if row is not None and row.version == scheduled[0][1]:
+                break
+            heapq.heappop(scheduled)
+        while running:
+            row = rows.get(running[0][2])
+            if row is not None and row.version == running[0][1] and row.state == "running":
+                break
+            heapq.heappop(running)
+        first = scheduled[0][0] if scheduled else math.inf
+        if running and running[0][0] < first:
+            first = running[0][0]
+        return first
 
     def _reap(self, now: float, options: ClaimOptions) -> list[Exhausted]:
         """Lapsed leases: bury rows on their final attempt, re-offer the rest."""

@@ -538,7 +538,7 @@ class RedisDriver:
         ]
         for queue, take in options.queues.items():
             args.extend([queue, str(int(take))])
-        taken, buried = await self._script("claim", args)
+        taken, buried, next_due = await self._script("claim", args)
         jobs = []
         for r in taken:
             actor = _s(r[15])
@@ -580,7 +580,11 @@ class RedisDriver:
             )
             for b in buried
         ]
-        return ClaimResult(jobs=jobs, exhausted=exhausted)
+        return ClaimResult(
+            jobs=jobs,
+            exhausted=exhausted,
+            next_due=float(_s(next_due)) if next_due else math.inf,
+        )
 
     # ------------------------------------------------------------------ settle
 

@@ -371,7 +371,8 @@ return qs
 -- answered as exhausted; otherwise it is offered again, due at its lapse. Then,
 -- per unpaused queue in the order given, rows that fell due move to the ready
 -- set and up to `take` of them are claimed, best first (priority, run_at, seq),
--- each with a fresh fence and its step records.
+-- each with a fresh fence and its step records. Answers {taken, exhausted,
+-- next due} (see ClaimResult.next_due).
 local worker = ARGV[A]
 local vis = tonumber(ARGV[A + 1])
 local lapse_message = ARGV[A + 2]
@@ -409,10 +410,14 @@ for _, id in ipairs(lapsed) do
 end
 
 local taken = {}
+local open_queues = {}
 while i <= #ARGV do
   local q = ARGV[i]
   local want = tonumber(ARGV[i + 1])
   i = i + 2
+  if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+    open_queues[#open_queues + 1] = q
+  end
   if want > 0 and redis.call('SISMEMBER', P .. ':paused', q) == 0 then
     local sk = P .. ':sched:' .. q
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', sk, '-inf', fmt(NOW), 'LIMIT', 0, 5000)) do
@@ -453,7 +458,19 @@ while i <= #ARGV do
     end
   end
 end
-return {taken, exhausted}
+-- When a row not due now may become claimable: the first due time of the
+-- unpaused queues asked, or the first running lease to lapse ('' for none).
+local next_due = nil
+local function earlier(zkey)
+  local top = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
+  if #top > 0 then
+    local t = tonumber(top[2])
+    if not next_due or t < next_due then next_due = t end
+  end
+end
+for _, q in ipairs(open_queues) do earlier(P .. ':sched:' .. q) end
+earlier(P .. ':running')
+return {taken, exhausted, next_due and fmt(next_due) or ''}
 
 -- name: ack
 -- The fenced completion: the row ends done with its result; its live key and
