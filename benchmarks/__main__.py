@@ -23,7 +23,11 @@ from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result, profi
 
 #: Suites with their own command line: ``python -m benchmarks NAME [options]``
 #: calls ``main(options)`` of the module (imported only when asked for).
-SUITES: dict[str, str] = {"postgres": "benchmarks.postgres", "redis": "benchmarks.redis"}
+SUITES: dict[str, str] = {
+    "postgres": "benchmarks.postgres",
+    "redis": "benchmarks.redis",
+    "trio-primitives": "benchmarks.trio_primitives",
+}
 
 
 def machine() -> str:

@@ -116,3 +116,19 @@ def events_named(caplog: Any, event: str) -> list[logging.LogRecord]:
 
 def reset_retry_classes() -> None:
     _reset_error_retry_for_tests()
+
+
+def count_acquires(driver: Any) -> list[str]:
+    """Record the job id of every ``leases.acquire`` call on ``driver`` (a slot
+    asked for: a run started, or a busy claim handed back)."""
+    leases = driver.leases
+    assert leases is not None
+    acquire = leases.acquire
+    asked: list[str] = []
+
+    async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
+        asked.append(job_id)
+        return await acquire(key, limit, job_id, *rest)
+
+    leases.acquire = counted
+    return asked

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import trio
 
+from jobs_support import count_acquires
 from trio_jobs import Concurrency, JobContext, Worker, job, open_jobs
 from trio_jobs.drivers import JobDriver
 
@@ -40,16 +41,7 @@ async def check_a_busy_key_wakes_its_waiter(driver: JobDriver) -> None:
     holding["release"] = trio.Event()
     holding["started"] = {}
     async with open_jobs(driver, jobs=[charge_account]) as jobs:
-        leases = jobs.driver.leases
-        assert leases is not None
-        acquire = leases.acquire
-        asked: list[str] = []
-
-        async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
-            asked.append(job_id)
-            return await acquire(key, limit, job_id, *rest)
-
-        leases.acquire = counted  # type: ignore[method-assign]
+        asked = count_acquires(jobs.driver)
         holder = await charge_account.enqueue(Charge(0))
         options: dict[str, Any] = {"poll_interval": "50ms", "idle_poll_max": "30s"}
         async with trio.open_nursery() as nursery:

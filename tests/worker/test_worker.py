@@ -20,6 +20,7 @@ import trio
 
 from jobs_support import (
     Item,
+    count_acquires,
     events_named,
     jobs_on_memory,
     running_worker,
@@ -1371,16 +1372,7 @@ class TestOneRunPerKey:
         gates = Gates()
         handle = keyed(gates, "wait")
         async with jobs_on_memory([handle]) as (jobs, driver):
-            leases = driver.leases
-            assert leases is not None
-            acquire = leases.acquire
-            asked: list[str] = []
-
-            async def counted(key: str, limit: int, job_id: str, *rest: Any) -> Any:
-                asked.append(job_id)
-                return await acquire(key, limit, job_id, *rest)
-
-            leases.acquire = counted  # type: ignore[method-assign]
+            asked = count_acquires(driver)
             holder = await handle.enqueue(Item("holder", group="acct-1"))
             async with running_worker(jobs), running_worker(jobs):
                 await wait_for(lambda: gates.started == ["holder"])
