@@ -586,14 +586,17 @@ class Worker:
         # The one scope of the wait carries its timeout: the wake waits without one.
         with trio.CancelScope(deadline=trio.current_time() + timeout) as scope:
             self._wait_scope = scope
-            if self._stopping:
-                return
-            wake = self.driver.wake
-            if wake is not None:
-                await wake.wait(self.queues, math.inf)
-            else:
-                await trio.sleep_forever()
-        self._wait_scope = None
+            try:
+                if self._stopping:
+                    return
+                wake = self.driver.wake
+                if wake is not None:
+                    await wake.wait(self.queues, math.inf)
+                else:
+                    await trio.sleep_forever()
+            finally:
+                # (the scope is gone: a hand-back or a stop has no wait to end)
+                self._wait_scope = None
 
     # ------------------------------------------------------------------ service tasks
 
