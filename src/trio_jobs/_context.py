@@ -664,22 +664,26 @@ def _output_form(name: str, value: Any) -> Any:
         ) from None
 
 
+def failed_record(name: str, seq: int, executions: int, exc: BaseException) -> StepRecord:
+    """A step's (or a compensation's) ``failed`` record: the exception's type and
+    message as ``error``, its ``X_*`` code when it is a :class:`JobsError`."""
+    return StepRecord(
+        name=name,
+        status="failed",
+        seq=seq,
+        executions=executions,
+        error=_describe(exc),
+        error_code=exc.code if isinstance(exc, JobsError) else None,
+    )
+
+
 async def _record_failure(
     s: RunState, name: str, seq: int, executions: int, exc: BaseException
 ) -> None:
     """Record a step's failure (in its own statement), unless the run was aborted."""
     if s.signal.reason is not None:
         return
-    await s.put(
-        StepRecord(
-            name=name,
-            status="failed",
-            seq=seq,
-            executions=executions,
-            error=_describe(exc),
-            error_code=getattr(exc, "code", None) if isinstance(exc, JobsError) else None,
-        )
-    )
+    await s.put(failed_record(name, seq, executions, exc))
     await s.hit("after-record", name)
 
 

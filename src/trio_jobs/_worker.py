@@ -33,6 +33,7 @@ from ._context import (
     Signal,
     _call,
     _describe,
+    failed_record,
 )
 from ._declare import Job, Retry
 from ._facade import Actor, Jobs
@@ -1440,15 +1441,7 @@ class Worker:
             try:
                 if comp_exc is not None:
                     exc = comp_exc
-                    await state.put(
-                        StepRecord(
-                            name=cname,
-                            status="failed",
-                            seq=seq,
-                            executions=executions,
-                            error=_describe(exc),
-                        )
-                    )
+                    await state.put(failed_record(cname, seq, executions, exc))
                     if claimed.attempt < claimed.max_attempts:
                         delay = backoff_delay(handle.retry, claimed.attempt, self._jitter)
                         if await self._nack(

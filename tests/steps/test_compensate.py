@@ -254,6 +254,38 @@ class TestUnwind:
         assert trace.last_error is not None
         assert trace.last_error.startswith("RuntimeError: carrier refused the parcel")
 
+    async def test_a_failed_compensation_records_its_code_as_a_failed_step_does(
+        self, autojump_clock: Any
+    ) -> None:
+        from trio_jobs import JobsError
+
+        @job(
+            input=Item,
+            idempotency_key=lambda i: i.key,
+            compensates=True,
+            retry=Retry(attempts=1),
+            name="coded-unwind",
+        )
+        async def coded(ctx: JobContext[Item]) -> None:
+            def refund(_out: Any) -> None:
+                raise JobsError("X_REFUND_DECLINED", "the bank declined the refund")
+
+            def ship() -> None:
+                raise JobsError("X_CARRIER_DOWN", "no carrier today")
+
+            await ctx.step.run("charge", lambda: 1, compensate=refund)
+            await ctx.step.run("ship", ship)
+
+        async with open_harness(jobs=[coded]) as h:
+            trace = await h.run(coded, Item("o-1"))
+            records = {r.name: r for r in await h.driver.steps.load(trace.job_id)}
+        assert trace.error_code == ErrorCode.X_JOB_COMPENSATION_FAILED
+        assert records["ship"].error_code == "X_CARRIER_DOWN"
+        assert records["compensate:charge"].status == "failed"
+        assert records["compensate:charge"].error_code == "X_REFUND_DECLINED"
+        assert records["compensate:charge"].error is not None
+        assert "declined" in records["compensate:charge"].error
+
     async def test_compensate_without_compensates_is_a_declaration_error(
         self, autojump_clock: Any
     ) -> None:

@@ -111,8 +111,9 @@ def parse_queues(text: str | None) -> list[str] | None:
 
 
 def parse_concurrency(text: str) -> int | dict[str, int]:
-    """``N`` (every served queue), or ``q1=N,q2=M``."""
-    text = text.strip()
+    """``N`` (every served queue), or ``q1=N,q2=M``. ``int`` allows the ASCII
+    spaces around a number, not a control character (which ``str.strip`` would
+    quietly drop: ``"1\x1f"`` is refused, not read as 1)."""
     if "=" not in text:
         try:
             return int(text)

@@ -62,6 +62,7 @@ from .._protocol import (
     StepView,
     WorkerInfo,
 )
+from .._service import ServiceTasks
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
 from ._sql import query
@@ -173,9 +174,7 @@ class PostgresDriver:
         self.schema = schema or "public"
         self.channel = _channel(self.schema)
         self._notified: dict[str, float] = {}
-        self._service_nursery: trio.Nursery | None = None
-        self._service_done: trio.Event | None = None
-        self._closing: trio.Event | None = None
+        self._service = ServiceTasks("postgres", logger)
         self._step_writer = _GroupCommit(self, self._flush_steps, linger=step_linger)
         self._acker = _GroupCommit(self, self._flush_acks)
         self._registry = _Registry()
@@ -273,55 +272,19 @@ class PostgresDriver:
         self._skew = float(rows[0][0]) - (before + after) / 2
 
     async def _start_service(self) -> None:
-        """Run the driver's own tasks (the step writer, the LISTEN session) in a
-        system task: ``open()`` may be called from any Trio task, and the caller
-        never holds a nursery or a loop for the driver."""
-        started = trio.Event()
-        self._closing = trio.Event()
-        self._service_done = trio.Event()
-        closing, done = self._closing, self._service_done
-
-        async def service() -> None:
-            try:
-                async with trio.open_nursery() as nursery:
-                    self._service_nursery = nursery
-                    nursery.start_soon(self._step_writer.run)
-                    nursery.start_soon(self._acker.run)
-                    started.set()
-                    await closing.wait()
-                    nursery.cancel_scope.cancel()
-            except BaseException as exc:
-                if not isinstance(exc, trio.Cancelled):
-                    logger.exception("jobs.postgres.service_failed")
-            finally:
-                self._service_nursery = None
-                done.set()
-
-        trio.lowlevel.spawn_system_task(service)
-        await started.wait()
+        """Run the driver's own tasks (the step writer, the acker, the LISTEN
+        session) in a system task (see :class:`ServiceTasks`)."""
+        await self._service.start(self._step_writer.run, self._acker.run)
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
-        if self._service_nursery is None:
-            raise unavailable(None, "PostgreSQL (the driver is not open)")
-
-        async def guarded() -> None:
-            try:
-                await fn()
-            except Exception:
-                logger.exception("jobs.postgres.task_failed")
-
-        self._service_nursery.start_soon(guarded)
+        self._service.spawn(fn, lambda: unavailable(None, "PostgreSQL (the driver is not open)"))
 
     async def close(self) -> None:
         if self.closed or self._db is None:
             self.closed = True
             return
         self.closed = True
-        if self._closing is not None:
-            self._closing.set()
-        if self._service_done is not None:
-            with trio.CancelScope(shield=True):
-                await self._service_done.wait()
+        await self._service.stop()
         for combiner in (self._step_writer, self._acker):
             combiner.fail_pending(unavailable(None, "PostgreSQL (the driver closed)"))
         await self._db.pool.close()

@@ -24,7 +24,6 @@ from typing import Any
 import coredis
 import coredis.exceptions
 import coredis.retry
-import trio
 
 from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
@@ -48,6 +47,7 @@ from .._protocol import (
     QueueStats,
     StepRecord,
 )
+from .._service import ServiceTasks
 from ._scripts import SCRIPT_NAMES, script_sha, script_source
 from ._wake import RedisWake
 
@@ -249,9 +249,7 @@ class RedisDriver:
         self._skew = 0.0
         self._client: coredis.Redis[str] | None = None
         self._url = ""
-        self._service_nursery: trio.Nursery | None = None
-        self._service_done: trio.Event | None = None
-        self._closing: trio.Event | None = None
+        self._service = ServiceTasks("redis", logger)
         self.steps = _RedisSteps(self)
         self.events = _RedisEvents(self)
         self.leases: _RedisLeases | None = _RedisLeases(self)
@@ -283,7 +281,7 @@ class RedisDriver:
 
     @property
     def client(self) -> coredis.Redis[str]:
-        if self._client is None or self.closed or self._service_nursery is None:
+        if self._client is None or self.closed or not self._service.running:
             raise unavailable(None, "the driver is not open: enter it with open_jobs(...)")
         return self._client
 
@@ -376,54 +374,15 @@ class RedisDriver:
 
     async def _start_service(self, client: coredis.Redis[str]) -> None:
         """Hold the client's connection pool (and the wake session) in a system
-        task: ``open()`` may be called from any Trio task, and the caller never
-        holds a nursery for the driver."""
-        started = trio.Event()
-        self._closing = trio.Event()
-        self._service_done = trio.Event()
-        closing, done = self._closing, self._service_done
-
-        async def service() -> None:
-            try:
-                async with client, trio.open_nursery() as nursery:
-                    self._service_nursery = nursery
-                    started.set()
-                    await closing.wait()
-                    nursery.cancel_scope.cancel()
-            except BaseException as exc:
-                if not isinstance(exc, trio.Cancelled):
-                    logger.warning(
-                        "jobs.redis.service_failed",
-                        extra={"event": "jobs.redis.service_failed", "kind": type(exc).__name__},
-                    )
-            finally:
-                self._service_nursery = None
-                started.set()
-                done.set()
-
-        trio.lowlevel.spawn_system_task(service)
-        await started.wait()
-        if self._service_nursery is None:
+        task (see :class:`ServiceTasks`)."""
+        if not await self._service.start(context=client):
             raise unavailable(None, "the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
-        if self._service_nursery is None:
-            raise unavailable(None, "the driver is not open")
-
-        async def guarded() -> None:
-            try:
-                await fn()
-            except Exception:
-                logger.exception("jobs.redis.task_failed")
-
-        self._service_nursery.start_soon(guarded)
+        self._service.spawn(fn, lambda: unavailable(None, "the driver is not open"))
 
     async def _stop_service(self) -> None:
-        if self._closing is not None:
-            self._closing.set()
-        if self._service_done is not None:
-            with trio.CancelScope(shield=True):
-                await self._service_done.wait()
+        await self._service.stop()
 
     async def close(self) -> None:
         if self.closed:
