@@ -271,12 +271,36 @@ def three_done(world: World) -> None:
 
 
 def one_lease_per_key(world: World) -> None:
-    now = world.driver.now()
+    driver = world.driver
+    now = driver.now()
     held: dict[str, int] = {}
-    for (lease_key, _slot), (_job, _fence, expires) in world.driver._leases.items():
+    for (lease_key, _slot), (_job, _fence, expires) in driver._leases.items():
         if expires > now:
             held[lease_key] = held.get(lease_key, 0) + 1
     assert all(count <= 1 for count in held.values()), f"a concurrency=1 key is held {held}"
+    waiters_woken(world)
+
+
+def waiters_woken(world: World) -> None:
+    """A run waiting on a busy key sleeps only while something can free or take
+    the key: a slot of it is held (live, or lapsed and not yet reaped), or a run
+    of the key is due or running. A release that wakes no waiter leaves the key
+    with neither, and every waiter asleep until its bound."""
+    driver = world.driver
+    now = driver.now()
+    keys = {lease_key for (lease_key, _slot) in driver._leases}
+    movable: set[str] = set()
+    waiting: dict[str, list[str]] = {}
+    for row in driver._rows.values():
+        key = keyed.lease_key(row.concurrency_key) if row.name == keyed.name else None
+        if key is None:
+            continue
+        if row.state == "running" or (row.state == "ready" and row.run_at <= now):
+            movable.add(key)
+        elif row.state == "ready" and row.busy_key is not None:
+            waiting.setdefault(key, []).append(row.id[:8])
+    stranded = {k: ids for k, ids in waiting.items() if k not in keys and k not in movable}
+    assert not stranded, f"runs wait on keys nothing holds or takes: {stranded}"
 
 
 def compensated_lifo(world: World) -> None:

@@ -23,6 +23,7 @@ NAMES = frozenset(
         "compensation-reversed",  # compensators run first-in first-out
         "cancelled-body-writes",  # a step starts and records after the abort
         "event-before-wait",  # a wait sees events published before it began
+        "waiter-not-woken",  # a released slot leaves the runs waiting on its key asleep
     }
 )
 

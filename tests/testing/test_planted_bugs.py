@@ -30,6 +30,7 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "compensation-reversed": ("compensation", (1, 2, 3)),
     "cancelled-body-writes": ("drain-under-load", tuple(range(1, 13))),
     "event-before-wait": ("events", (1, 2, 3)),
+    "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
 }
 
 

@@ -647,7 +647,8 @@ class MemoryDriver:
             return
         for lkey in [k for k, v in self._leases.items() if v[0] == job_id]:
             del self._leases[lkey]
-            self._wake_waiter(lkey[0])
+            if not _planted.active("waiter-not-woken"):
+                self._wake_waiter(lkey[0])
 
     def _key_held(self, lease_key: str, now: float) -> bool:
         return any(k == lease_key and v[2] > now for (k, _slot), v in self._leases.items())
