@@ -277,3 +277,26 @@ def test_the_event_poll_backstop_is_fifteen_minutes() -> None:
 
     # A publish wakes its waiters in the same statement; the poll is only the backstop.
     assert postgres_driver("postgresql://unused@127.0.0.1/x").event_poll_default == 900.0
+
+
+async def test_a_lease_deleted_under_another_search_path_still_wakes_its_waiter(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    """The wake trigger keeps its schema's search_path: a delete made from a
+    session on another one (an operator's psql, a maintenance script) still wakes
+    this schema's waiting run, and touches no other schema."""
+    await driver.enqueue_many([req("holder"), req("waiter")])
+    holder, waiter = (await driver.claim(ClaimOptions("w1", {"default": 2}, 30.0))).jobs
+    leases = driver.leases
+    assert leases is not None
+    assert (await leases.acquire("acct", 1, holder.id, holder.fence, 30.0)).slot == 0
+    assert (await leases.acquire("acct", 1, waiter.id, waiter.fence, 30.0)).slot is None
+    assert await driver.nack(
+        waiter.id,
+        NackOptions(fence=waiter.fence, state="ready", counted=False, delay=300.0, busy_key="acct"),
+    )
+    assert (await driver.claim(ClaimOptions("w2", {"default": 5}, 30.0))).jobs == []
+    with psycopg.connect(pg_dsn, autocommit=True, options="-c search_path=pg_catalog") as conn:
+        conn.execute(f'DELETE FROM "{pg_schema}".trio_jobs_leases WHERE job_id = %s', (holder.id,))
+    woken = (await driver.claim(ClaimOptions("w2", {"default": 5}, 30.0))).jobs
+    assert [j.id for j in woken] == [waiter.id]

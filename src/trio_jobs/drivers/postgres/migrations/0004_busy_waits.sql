@@ -13,9 +13,12 @@ CREATE INDEX trio_jobs_jobs_busy_idx
 
 -- Due "at once" is the instant of its hand-back (`updated_at`), which is never
 -- later than now by the clock that wrote it, so no clock is read here. SKIP
--- LOCKED: a waiter some claim holds right now is being taken anyway.
+-- LOCKED: a waiter some claim holds right now is being taken anyway. The
+-- function keeps the search_path it was created under (this schema's), so a
+-- delete made under another search_path still wakes this schema's waiters.
 CREATE FUNCTION trio_jobs_wake_waiter() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path FROM CURRENT
 AS $$
 BEGIN
     UPDATE trio_jobs_jobs j SET run_at = least(j.run_at, j.updated_at), busy_key = NULL

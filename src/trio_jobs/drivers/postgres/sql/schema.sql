@@ -119,6 +119,7 @@ CREATE INDEX trio_jobs_jobs_busy_idx
 -- instant of its hand-back: no clock is read here).
 CREATE FUNCTION trio_jobs_wake_waiter() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path FROM CURRENT
 AS $$
 BEGIN
     UPDATE trio_jobs_jobs j SET run_at = least(j.run_at, j.updated_at), busy_key = NULL
