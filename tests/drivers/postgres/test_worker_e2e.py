@@ -12,7 +12,7 @@ import trio
 from trio_jobs import JobContext, Worker, job, open_jobs
 from trio_jobs.drivers.postgres import postgres_driver
 
-from ..busy_wait import check_a_busy_key_wakes_its_waiter
+from ..busy_wait import check_a_busy_key_wakes_its_waiter, check_many_runs_queue_behind_few_keys
 from .conftest import sql
 
 pytestmark = pytest.mark.postgres
@@ -61,3 +61,7 @@ async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
     pg_dsn: str, pg_schema: str
 ) -> None:
     await check_a_busy_key_wakes_its_waiter(postgres_driver(pg_dsn, schema=pg_schema))
+
+
+async def test_many_runs_queue_behind_few_keys(pg_dsn: str, pg_schema: str) -> None:
+    await check_many_runs_queue_behind_few_keys(postgres_driver(pg_dsn, schema=pg_schema))

@@ -23,7 +23,7 @@ from trio_jobs.drivers import AckOptions, ClaimOptions, EnqueueRequest
 from trio_jobs.drivers.redis import SCHEMA_VERSION, RedisDriver
 from trio_jobs.errors import JobsError
 
-from ..busy_wait import check_a_busy_key_wakes_its_waiter
+from ..busy_wait import check_a_busy_key_wakes_its_waiter, check_many_runs_queue_behind_few_keys
 from .conftest import pytestmark as _skip_without_redis
 from .conftest import req
 
@@ -421,3 +421,7 @@ async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
     redis_url: str, redis_prefix: str
 ) -> None:
     await check_a_busy_key_wakes_its_waiter(redis_driver(redis_url, prefix=redis_prefix))
+
+
+async def test_many_runs_queue_behind_few_keys(redis_url: str, redis_prefix: str) -> None:
+    await check_many_runs_queue_behind_few_keys(redis_driver(redis_url, prefix=redis_prefix))
