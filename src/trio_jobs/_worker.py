@@ -967,9 +967,10 @@ class Worker:
         leases = self.driver.leases
         assert leases is not None
         assert handle.concurrency is not None
+        lease_key = handle.lease_key(ckey)
         try:
             grant = await leases.acquire(
-                handle.lease_key(ckey),
+                lease_key,
                 handle.concurrency,
                 claimed.id,
                 claimed.fence,
@@ -1016,7 +1017,6 @@ class Worker:
         # so it waits up to a visibility timeout (the bound for a wake that never
         # comes: a holder whose lease ran out with no settle or reap); otherwise
         # it is tried again a poll later.
-        lease_key = handle.lease_key(ckey)
         woken = not grant.own and getattr(leases, "wakes_waiters", False)
         await self._nack(
             held,

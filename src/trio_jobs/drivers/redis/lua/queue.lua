@@ -415,10 +415,9 @@ while i <= #ARGV do
   local q = ARGV[i]
   local want = tonumber(ARGV[i + 1])
   i = i + 2
-  if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
-    open_queues[#open_queues + 1] = q
-  end
-  if want > 0 and redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+  local open = redis.call('SISMEMBER', P .. ':paused', q) == 0
+  if open then open_queues[#open_queues + 1] = q end
+  if want > 0 and open then
     local sk = P .. ':sched:' .. q
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', sk, '-inf', fmt(NOW), 'LIMIT', 0, 5000)) do
       redis.call('ZREM', sk, id)
