@@ -288,18 +288,28 @@ def waiters_woken(world: World) -> None:
     with neither, and every waiter asleep until its bound."""
     driver = world.driver
     now = driver.now()
-    keys = {lease_key for (lease_key, _slot) in driver._leases}
-    movable: set[str] = set()
+    rows = driver._rows.values()
+    # It runs at every event: first the (usually no) runs asleep on a key no
+    # slot of which is held, and only then what could still take that key.
+    asleep = [r for r in rows if r.busy_key is not None and r.state == "ready" and r.run_at > now]
+    if not asleep:
+        return
+    held = {lease_key for (lease_key, _slot) in driver._leases}
     waiting: dict[str, list[str]] = {}
-    for row in driver._rows.values():
-        key = keyed.lease_key(row.concurrency_key) if row.name == keyed.name else None
-        if key is None:
-            continue
-        if row.state == "running" or (row.state == "ready" and row.run_at <= now):
-            movable.add(key)
-        elif row.state == "ready" and row.busy_key is not None:
-            waiting.setdefault(key, []).append(row.id[:8])
-    stranded = {k: ids for k, ids in waiting.items() if k not in keys and k not in movable}
+    for row in asleep:
+        if row.name == keyed.name:
+            key = keyed.lease_key(row.concurrency_key)
+            if key not in held:
+                waiting.setdefault(key, []).append(row.id[:8])
+    if not waiting:
+        return
+    movable = {
+        keyed.lease_key(row.concurrency_key)
+        for row in rows
+        if row.name == keyed.name
+        and (row.state == "running" or (row.state == "ready" and row.run_at <= now))
+    }
+    stranded = {k: ids for k, ids in waiting.items() if k not in movable}
     assert not stranded, f"runs wait on keys nothing holds or takes: {stranded}"
 
 
