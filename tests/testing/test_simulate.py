@@ -124,6 +124,49 @@ async def test_an_async_scenario_enqueues() -> None:
     assert len(result.world.jobs) == 4
 
 
+@job(input=In, idempotency_key=lambda i: f"other:{i.n}")
+async def other(ctx: JobContext[In]) -> None:
+    return None
+
+
+async def test_a_list_scenario_is_enqueued_in_order_one_batch_per_run_of_a_job() -> None:
+    scenario = [
+        (three_steps, In(0)),
+        (three_steps, In(1)),
+        (other, In(0)),
+        (three_steps, In(2)),
+        (three_steps, In(0)),  # a live key dedupes, in a later batch too
+    ]
+    result = await simulate_jobs(jobs=[three_steps, other], workers=2, seed=6, scenario=scenario)
+    enqueues = [event[3] for event in result.trace if event[1:3] == ("scenario", "enqueue")]
+    assert [len(batch) for batch in enqueues] == [2, 1, 2]
+    assert [deduped for batch in enqueues for _id, deduped in batch] == [
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
+    views = result.world.jobs
+    assert [(v.name, v.payload["n"]) for v in views] == [
+        (three_steps.name, 0),
+        (three_steps.name, 1),
+        (other.name, 0),
+        (three_steps.name, 2),
+    ]
+    assert all(v.state == "done" for v in views)
+
+
+def test_a_list_scenario_batch_is_cut_at_the_enqueue_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_jobs.testing import _simulate
+
+    monkeypatch.setattr(_simulate, "MAX_ENQUEUE_BATCH", 2)
+    pairs = [(three_steps, In(i)) for i in range(5)] + [(other, In(0))]
+    batches = list(_simulate._batches(pairs))
+    assert [[value.n for _job, value in batch] for batch in batches] == [[0, 1], [2, 3], [4], [0]]
+    assert [batch[0][0] for batch in batches] == [three_steps, three_steps, three_steps, other]
+
+
 @pytest.mark.parametrize("seed", [3, 4, 8, 13])
 async def test_faults_keep_the_built_in_invariants(
     seed: int, caplog: pytest.LogCaptureFixture
