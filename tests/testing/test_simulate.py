@@ -136,15 +136,17 @@ async def test_a_list_scenario_is_enqueued_in_order_one_batch_per_run_of_a_job()
         (other, In(0)),
         (three_steps, In(2)),
         (three_steps, In(0)),  # a live key dedupes, in a later batch too
+        (three_steps, In(2)),  # ... and in its own batch
     ]
     result = await simulate_jobs(jobs=[three_steps, other], workers=2, seed=6, scenario=scenario)
     enqueues = [event[3] for event in result.trace if event[1:3] == ("scenario", "enqueue")]
-    assert [len(batch) for batch in enqueues] == [2, 1, 2]
+    assert [len(batch) for batch in enqueues] == [2, 1, 3]
     assert [deduped for batch in enqueues for _id, deduped in batch] == [
         False,
         False,
         False,
         False,
+        True,
         True,
     ]
     views = result.world.jobs
