@@ -1132,8 +1132,9 @@ async def simulate_jobs(
 ) -> SimulationResult:
     """Run ``workers`` workers over one memory driver on a seeded scheduler.
 
-    ``scenario`` is a list of ``(job, input)`` to enqueue, or an async callable
-    that enqueues. ``invariant(world)`` fails by raising; it runs once the
+    ``scenario`` is a list of ``(job, input)`` to enqueue (in order, one
+    ``enqueue_many`` per run of one job's inputs, before any worker starts), or
+    an async callable that enqueues. ``invariant(world)`` fails by raising; it runs once the
     simulation is quiet (every job settled), and between events too with
     ``check="every-event"``. Built-in invariants always run: no committed job
     lost, no step result recorded twice, at most one live lease per job, legal
