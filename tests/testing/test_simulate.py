@@ -95,6 +95,26 @@ async def test_a_failing_invariant_names_the_seed() -> None:
     assert isinstance(err.value.__cause__, AssertionError)
 
 
+async def test_an_illegal_state_transition_fails_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trio_jobs.drivers.memory import MemoryDriver
+
+    ack = MemoryDriver.ack
+
+    async def ack_then_drop(self: MemoryDriver, job_id: str, options: object) -> bool:
+        landed = await ack(self, job_id, options)  # type: ignore[arg-type]
+        del self._rows[job_id]  # running -> gone: no legal transition does that
+        return landed
+
+    monkeypatch.setattr(MemoryDriver, "ack", ack_then_drop)
+    with pytest.raises(JobsError) as err:
+        await simulate_jobs(jobs=[three_steps], workers=2, seed=7, scenario=_scenario(3))
+    assert err.value.code == "X_SIMULATION_INVARIANT"
+    assert "illegal transition running -> removed" in str(err.value.__cause__)
+    assert "in ack" in str(err.value.__cause__)
+
+
 async def test_every_event_checking_runs_between_events() -> None:
     seen: list[int] = []
 

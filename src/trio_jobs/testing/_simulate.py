@@ -536,8 +536,9 @@ class _SimDriver:
             row = self._d._rows.get(args[0])
             attempt_before = row.attempts if row is not None else 0
         result = await fn(*args)
-        if method in _MOVING:
-            self._sim.check_transitions(_touched(method, args, result), method)
+        touched = _TOUCHED.get(method)
+        if touched is not None:
+            self._sim.check_transitions(touched(args, result), method)
         self._observe(method, args, result, attempt_before)
         if fault == "error-after":
             self._sim.record(self.label, method, "error-after")
@@ -825,36 +826,22 @@ def _seed_trio_scheduler(seed: int) -> None:
         rng.seed(seed)
 
 
-#: The calls that may move a row's state (a step write moves none).
-_MOVING = frozenset(
-    {
-        "claim",
-        "enqueue_many",
-        "ack",
-        "nack",
-        "heartbeat",
-        "introspect.cancel",
-        "introspect.requeue",
-        "introspect.promote",
-    }
-)
+def _first_arg(args: tuple[Any, ...], result: Any) -> list[str]:
+    return [args[0]]
 
 
-def _touched(method: str, args: tuple[Any, ...], result: Any) -> list[str]:
-    """The rows a driver call may have moved."""
-    if method == "claim":
-        return [j.id for j in result.jobs] + [e.id for e in result.exhausted]
-    if method == "enqueue_many":
-        return [r.id for r in result]
-    if method in ("ack", "nack") or method in (
-        "introspect.cancel",
-        "introspect.requeue",
-        "introspect.promote",
-    ):
-        return [args[0]]
-    if method == "heartbeat":
-        return [r.job_id for r in args[0]]
-    return []
+#: The rows each call may have moved, by method; a call not here (a step write,
+#: say) moves no row's state.
+_TOUCHED: dict[str, Callable[[tuple[Any, ...], Any], list[str]]] = {
+    "claim": lambda args, result: [j.id for j in result.jobs] + [e.id for e in result.exhausted],
+    "enqueue_many": lambda args, result: [r.id for r in result],
+    "ack": _first_arg,
+    "nack": _first_arg,
+    "introspect.cancel": _first_arg,
+    "introspect.requeue": _first_arg,
+    "introspect.promote": _first_arg,
+    "heartbeat": lambda args, result: [r.job_id for r in args[0]],
+}
 
 
 def _batches(
