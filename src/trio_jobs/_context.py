@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -14,7 +15,7 @@ import trio
 from . import _ambient, _planted, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
-from ._write_retry import write_retrying
+from ._write_retry import is_transient, retry_delay, write_retrying
 from .drivers._protocol import Progress, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
 
@@ -27,6 +28,8 @@ __all__ = ["JobContext", "Signal", "Steps", "run_to_completion"]
 
 I = TypeVar("I")
 T = TypeVar("T")
+
+_log = logging.getLogger("trio_jobs")
 
 RESERVED_STEP = "unwinding"
 COMPENSATE_PREFIX = "compensate:"
@@ -112,6 +115,20 @@ class LeaseLost(BaseException):
     """Internal: a fenced write did not land."""
 
 
+class InfraFault(BaseException):
+    """Internal: one of the library's own statements for this run (a step record,
+    the transaction of ``step.transaction``, an event poll) met a transient driver
+    failure (``X_DRIVER_UNAVAILABLE``, ``X_DRIVER_CONFLICT``) and still failed after
+    its retries within the write budget. It is not the body's failure: the worker
+    hands the run back **uncounted**, with the code in ``last_error``. A
+    ``BaseException``, like :class:`Handback`, so a body's ``except Exception``
+    cannot turn it into a failure of its own."""
+
+    def __init__(self, error: JobsError) -> None:
+        super().__init__(error.code)
+        self.error = error
+
+
 @attrs.define
 class Compensator:
     step: str
@@ -183,23 +200,25 @@ class RunState:
 
         landed = False
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
-            landed = await write_retrying(
-                write,
-                again=again,
-                deadline=scope.deadline,
-                gone=lambda: self.lost or bool(getattr(driver, "closed", False)),
-                about=lambda: (
-                    f"{claimed.id}:{claimed.fence.claim}:{record.name}",
-                    "jobs.step.retry",
-                    {
-                        "job_id": claimed.id,
-                        "attempt": claimed.attempt,
-                        "worker_id": claimed.fence.worker_id,
-                    },
-                ),
-            )
-        if scope.cancelled_caught:
-            landed = False
+            try:
+                landed = await write_retrying(
+                    write,
+                    again=again,
+                    deadline=scope.deadline,
+                    gone=self._gone,
+                    about=self._about(record.name),
+                )
+            except JobsError as exc:
+                if not is_transient(exc) or self._gone():
+                    raise
+                # The budget ran out with the database still away: not the body's
+                # failure, and not a lost lease (the lease still holds as far as
+                # this worker knows). The worker hands the run back uncounted.
+                raise InfraFault(exc) from None
+        if scope.cancelled_caught and not self._gone():
+            # The write hung for the whole budget: its outcome is unknown, which a
+            # replay resolves (the claim carries whatever landed).
+            raise InfraFault(_hung(record.name))
         if not landed:
             self.lost = True
             self.signal.abort(
@@ -208,6 +227,37 @@ class RunState:
             )
             raise LeaseLost()
         self.records[record.name] = record
+
+    def _gone(self) -> bool:
+        """Whether retrying this run's writes is pointless: the lease is lost as the
+        worker knows it, or the driver closed."""
+        return self.lost or bool(getattr(self.driver, "closed", False))
+
+    def _about(self, step: str) -> Callable[[], tuple[str, str, dict[str, Any]]]:
+        claimed = self.claimed
+        return lambda: (
+            f"{claimed.id}:{claimed.fence.claim}:{step}",
+            "jobs.step.retry",
+            {
+                "job_id": claimed.id,
+                "attempt": claimed.attempt,
+                "worker_id": claimed.fence.worker_id,
+            },
+        )
+
+    async def read(self, step: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One of the library's reads for this run (an event poll, a step record
+        read back), retried through a transient driver failure within the write
+        budget; still failing, it is an :class:`InfraFault`, not the body's."""
+        deadline = trio.current_time() + WRITE_BUDGET
+        try:
+            return await write_retrying(
+                call, deadline=deadline, gone=self._gone, about=self._about(step)
+            )
+        except JobsError as exc:
+            if not is_transient(exc) or self._gone():
+                raise
+            raise InfraFault(exc) from None
 
     def seq_for(self, name: str) -> int:
         old = self.records.get(name)
@@ -369,7 +419,7 @@ class Steps:
                             f"step {name!r} ran past its step_timeout of {timeout}s",
                             meta={"step": name},
                         )
-            except (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt):
+            except (trio.Cancelled, Handback, ReplayStop, LeaseLost, InfraFault, KeyboardInterrupt):
                 raise
             except BaseException as exc:
                 await _record_failure(s, name, seq, executions, exc)
@@ -437,10 +487,8 @@ class Steps:
         executions = (rec.executions if rec is not None else 0) + 1
         seq = s.seq_for(name)
         await s.hit("before-step", name)
-        timeout = s.handle.step_timeout
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
         with _tracing.step_span(name, executions, False, s.traced):
-            record = await _transact(s, name, fn, seq, executions, deadline, timeout)
+            record = await _transact(s, name, fn, seq, executions, s.handle.step_timeout)
         s.records[name] = record
         await s.hit("after-record", name)
         if compensate is not None:
@@ -538,7 +586,7 @@ class Steps:
         events = s.driver.events
         if rec is None or rec.status != "waiting" or rec.since is None or rec.deadline is None:
             await s.hit("before-step", step_name)
-            _none, now = await events.poll(event, math.inf)
+            _none, now = await s.read(step_name, lambda: events.poll(event, math.inf))
             rec = StepRecord(
                 name=step_name,
                 status="waiting",
@@ -552,7 +600,8 @@ class Steps:
             await s.hit("after-record", step_name)
         assert rec.since is not None
         assert rec.deadline is not None
-        found, now = await events.poll(event, rec.since)
+        since = rec.since
+        found, now = await s.read(step_name, lambda: events.poll(event, since))
         for record in found:
             parsed = _parse_event(schema, record.payload, step_name)
             if match is None or match(parsed):
@@ -582,23 +631,106 @@ def _check_compensate(s: RunState, name: str, compensate: Callable[..., Any] | N
         )
 
 
+class _TxFault(Exception):
+    """Internal to ``step.transaction``: one try met a transient driver failure.
+    ``unknown``: the connection was lost during the COMMIT, so it may have landed."""
+
+    def __init__(self, error: JobsError, *, unknown: bool = False) -> None:
+        super().__init__(error.code)
+        self.error = error
+        self.unknown = unknown
+
+
+def _transient_of(exc: BaseException) -> JobsError | None:
+    """The transient driver error ``exc`` is (or wraps alone in a group), if any."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, JobsError) and is_transient(exc):
+        return exc
+    return None
+
+
 async def _transact(
     s: RunState,
     name: str,
     fn: Callable[[Transaction], Any],
     seq: int,
     executions: int,
-    deadline: float,
     timeout: float | None,
 ) -> StepRecord:
-    """``step.transaction``'s body: ``fn(tx)``, then the fenced record in the same
-    transaction, then the commit. The record and the commit run shielded on a
-    bounded budget, so a drained step still lands; a commit whose outcome is
-    unknown (the budget ran out) is a lost lease, safe either way: the effects
-    and the record landed together or not at all."""
+    """``step.transaction``'s body, tried again through an infrastructure fault.
+
+    A try that meets a transient driver failure (a lost connection, an admin
+    shutdown or a failover: ``X_DRIVER_UNAVAILABLE``; a deadlock or a
+    serialization failure: ``X_DRIVER_CONFLICT``) rolled back, in ``fn`` or in
+    the library's own record and commit, is the library's to retry, not the
+    body's failure: it is run again, ``fn`` included, with capped backoff within
+    the write budget (counted from the first fault). A COMMIT whose answer was
+    lost may have landed: the step record commits with the effects, so it is
+    read back first, and a record that landed is the answer (``fn`` is not run
+    again). Past the budget the run is handed back uncounted (:class:`InfraFault`).
+    """
+    claimed = s.claimed
+    tries = 0
+    budget_end = math.inf
+    while True:
+        try:
+            return await _transact_once(s, name, fn, seq, executions, timeout)
+        except _TxFault as fault:
+            error = fault.error
+            if fault.unknown:
+                found = await s.read(name, lambda: s.driver.steps.load(claimed.id))
+                for stored in found:
+                    if (stored.name, stored.status, stored.executions) == (
+                        name,
+                        "completed",
+                        executions,
+                    ):
+                        return stored
+            tries += 1
+            now = trio.current_time()
+            budget_end = min(budget_end, now + WRITE_BUDGET)
+            delay = retry_delay(f"{claimed.id}:{claimed.fence.claim}:{name}", tries)
+            if s._gone() or now + delay >= budget_end:
+                raise InfraFault(error) from None
+            _log.warning(
+                "jobs.step.retry",
+                extra={
+                    "event": "jobs.step.retry",
+                    "job_id": claimed.id,
+                    "attempt": claimed.attempt,
+                    "worker_id": claimed.fence.worker_id,
+                    "code": error.code,
+                    "retry": tries,
+                    "retry_in": round(delay, 3),
+                },
+            )
+            # In the run's scope: a drain or a cancel ends the wait, not the budget.
+            await trio.sleep(delay)
+
+
+async def _transact_once(
+    s: RunState,
+    name: str,
+    fn: Callable[[Transaction], Any],
+    seq: int,
+    executions: int,
+    timeout: float | None,
+) -> StepRecord:
+    """One try: ``fn(tx)``, then the fenced record in the same transaction, then
+    the commit. The record and the commit run shielded on a bounded budget, so a
+    drained step still lands. A transient failure anywhere is a :class:`_TxFault`
+    (nothing landed, or, at the COMMIT, maybe); a refused fence is a lost lease,
+    safe either way: the effects and the record land together or not at all."""
     manager = s.jobs.transaction()
-    tx = await manager.__aenter__()
     try:
+        tx = await manager.__aenter__()
+    except JobsError as exc:
+        if is_transient(exc):
+            raise _TxFault(exc) from None
+        raise
+    try:
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
         with trio.CancelScope(deadline=deadline) as scope:
             value = await _call(fn, tx)
         if scope.cancelled_caught:
@@ -614,8 +746,11 @@ async def _transact(
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET):
             with contextlib.suppress(Exception):
                 await manager.__aexit__(type(exc), exc, exc.__traceback__)
+        fault = _transient_of(exc)
+        if fault is not None:
+            raise _TxFault(fault) from None
         if not isinstance(
-            exc, (trio.Cancelled, Handback, ReplayStop, LeaseLost, KeyboardInterrupt)
+            exc, (trio.Cancelled, Handback, ReplayStop, LeaseLost, InfraFault, KeyboardInterrupt)
         ):
             await _record_failure(s, name, seq, executions, exc)
         raise
@@ -629,11 +764,20 @@ async def _transact(
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            fault = _transient_of(exc)
+            if fault is not None:
+                raise _TxFault(fault) from None
             raise
         if landed:
             try:
                 await manager.__aexit__(None, None, None)
             except JobsError as exc:
+                if is_transient(exc):
+                    # A lost connection leaves the commit's outcome unknown; a
+                    # conflict at the commit rolled it back.
+                    raise _TxFault(
+                        exc, unknown=exc.code == ErrorCode.X_DRIVER_UNAVAILABLE
+                    ) from None
                 if exc.code != ErrorCode.X_JOB_LEASE_LOST:
                     raise
                 landed = False
@@ -641,6 +785,10 @@ async def _transact(
             refused = JobsError(ErrorCode.X_JOB_LEASE_LOST, "the step's fence was refused")
             with contextlib.suppress(Exception):
                 await manager.__aexit__(JobsError, refused, None)
+    if scope.cancelled_caught and not s._gone():
+        # The record or the commit hung for the whole budget: whether it landed is
+        # unknown, which a replay resolves (the claim carries the record if it did).
+        raise InfraFault(_hung(name))
     if scope.cancelled_caught or not landed:
         s.lost = True
         s.signal.abort(
@@ -649,6 +797,15 @@ async def _transact(
         )
         raise LeaseLost()
     return record
+
+
+def _hung(step: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_DRIVER_UNAVAILABLE,
+        f"the write of step {step!r} got no answer within the {WRITE_BUDGET:g} s write budget; "
+        "the run is handed back uncounted and a replay resolves whether it landed",
+        meta={"step": step},
+    )
 
 
 def _output_form(name: str, value: Any) -> Any:

@@ -21,9 +21,18 @@ log = logging.getLogger("trio_jobs")
 #: The values of ``outcome`` that :meth:`WorkerObserver.attempt_ended` reports
 #: (the names of :class:`~trio_jobs.WorkerStats`' counters): ``done``,
 #: ``retried``, ``dead`` (dead-lettered), ``failed`` (dropped or refused),
-#: ``drained`` (interrupted by a drain, attempt uncounted) and ``abandoned``
-#: (a body that ignored its abort past the drain deadline).
-OUTCOMES: tuple[str, ...] = ("done", "retried", "dead", "failed", "drained", "abandoned")
+#: ``drained`` (interrupted by a drain, attempt uncounted), ``abandoned``
+#: (a body that ignored its abort past the drain deadline) and ``faulted`` (the
+#: library's own statements met an infrastructure fault, attempt uncounted).
+OUTCOMES: tuple[str, ...] = (
+    "done",
+    "retried",
+    "dead",
+    "failed",
+    "drained",
+    "abandoned",
+    "faulted",
+)
 
 
 class WorkerObserver:

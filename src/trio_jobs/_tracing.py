@@ -44,7 +44,7 @@ _settings: dict[str, Any] = {"propagation": "link", "provider": None}
 
 INSTRUMENTATION = "trio_jobs"
 #: Outcomes that mark an attempt span as an error.
-_ERROR_OUTCOMES = frozenset({"retried", "dead", "failed", "lease-lost", "abandoned"})
+_ERROR_OUTCOMES = frozenset({"retried", "dead", "failed", "lease-lost", "abandoned", "faulted"})
 
 
 def configure(*, propagation: Propagation, tracer_provider: Any) -> None:

@@ -26,6 +26,7 @@ from ._context import (
     WRITE_BUDGET,
     BoundaryHook,
     Handback,
+    InfraFault,
     JobContext,
     LeaseLost,
     ReplayStop,
@@ -83,6 +84,9 @@ class WorkerStats:
     drained: int
     leases_lost: int
     abandoned: int
+    #: Runs handed back uncounted because the library's own statements for them
+    #: met an infrastructure fault (a lost connection, a deadlock) past its retries.
+    faulted: int = 0
 
 
 class _Held:
@@ -168,6 +172,7 @@ _OUTCOME = {
     "drained": "drained",
     "abandoned": "abandoned",
     "leases_lost": "lease-lost",
+    "faulted": "faulted",
 }
 
 
@@ -176,6 +181,7 @@ _ENDINGS = {
     "retried": (logging.INFO, "jobs.attempt.retried"),
     "dead_lettered": (logging.WARNING, "jobs.job.dead-lettered"),
     "failed": (logging.WARNING, "jobs.job.failed"),
+    "faulted": (logging.WARNING, "jobs.attempt.faulted"),
 }
 
 
@@ -296,7 +302,17 @@ class Worker:
         #: None when the driver does not say.
         self._next_due: float | None = None
         self._counts = dict.fromkeys(
-            ("done", "retried", "dead_lettered", "failed", "drained", "leases_lost", "abandoned"), 0
+            (
+                "done",
+                "retried",
+                "dead_lettered",
+                "failed",
+                "drained",
+                "leases_lost",
+                "abandoned",
+                "faulted",
+            ),
+            0,
         )
         self._started_at = 0.0
         self._observer = _observe.guarded(observer)
@@ -864,13 +880,8 @@ class Worker:
                 if claimed.steps is not None
                 else await self.driver.steps.load(claimed.id)
             )
-        except JobsError:
-            await self._nack(
-                held,
-                NackOptions(
-                    fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
-                ),
-            )
+        except JobsError as exc:
+            await self._fault(held, exc, None)
             return
         unwinding = any(r.name == RESERVED_STEP for r in steps) or (
             handle.compensates and claimed.attempt > handle.retry.attempts
@@ -902,6 +913,9 @@ class Worker:
         if await self._aborted_verdict(held, handle, state, body_exc):
             return
         duration = trio.current_time() - started
+        if isinstance(handback, InfraFault):
+            await self._fault(held, handback.error, state, duration)
+            return
         if handback is not None:
             await self._nack(
                 held,
@@ -976,13 +990,8 @@ class Worker:
                 claimed.fence,
                 self.visibility_timeout,
             )
-        except JobsError:
-            await self._nack(
-                held,
-                NackOptions(
-                    fence=claimed.fence, state="ready", counted=False, delay=self.poll_interval
-                ),
-            )
+        except JobsError as exc:
+            await self._fault(held, exc, None)
             return False
         if grant.slot is not None:
             return True
@@ -1034,13 +1043,17 @@ class Worker:
 
     async def _guarded(
         self, held: _Held, state: RunState, fn: Callable[[], Any]
-    ) -> tuple[Any, BaseException | None, Handback | None]:
-        """Run ``fn`` in the run's cancel scope with the ambient context set."""
+    ) -> tuple[Any, BaseException | None, Handback | InfraFault | None]:
+        """Run ``fn`` in the run's cancel scope with the ambient context set.
+
+        Answers its result, the body's own exception, or how the run was handed
+        back without a verdict: a sleep or a wait (:class:`Handback`), or an
+        infrastructure fault the library's statements met (:class:`InfraFault`)."""
         handle = state.handle
         deadline = trio.current_time() + handle.timeout if handle.timeout is not None else math.inf
         result: Any = None
         exc: BaseException | None = None
-        handback: Handback | None = None
+        handback: Handback | InfraFault | None = None
         tokens = (
             _ambient.run_var.set(state),
             _ambient.facade_var.set(self.jobs),
@@ -1056,7 +1069,7 @@ class Worker:
                 state.signal._attach(scope, deadline)
                 try:
                     result = await _call(fn)
-                except Handback as hb:
+                except (Handback, InfraFault) as hb:
                     handback = hb
                 except (LeaseLost, ReplayStop):
                     pass
@@ -1064,7 +1077,7 @@ class Worker:
                     raise
                 except BaseException as err:
                     found = _unwrap(err)
-                    if isinstance(found, Handback):
+                    if isinstance(found, Handback | InfraFault):
                         handback = found
                     elif isinstance(found, LeaseLost | ReplayStop):
                         pass
@@ -1268,6 +1281,38 @@ class Worker:
                     scope.deadline = due
         return landed
 
+    async def _fault(
+        self,
+        held: _Held,
+        error: JobsError,
+        state: RunState | None,
+        duration: float | None = None,
+    ) -> None:
+        """Hand the run back **uncounted**: the library's own statements for it (a
+        step record, ``step.transaction``'s transaction, an event poll, the step
+        load or a concurrency lease) met an infrastructure fault and still failed
+        after their retries. Only the body's own exceptions count attempts; the
+        fault's code and message go to ``last_error`` so an operator sees why."""
+        claimed = held.claimed
+        message = (
+            f"{_describe(error)} — handed back with the attempt uncounted: an infrastructure "
+            "fault, not the job's failure"
+        )
+        if await self._nack(
+            held,
+            NackOptions(
+                fence=claimed.fence,
+                state="ready",
+                counted=False,
+                delay=self.poll_interval,
+                error_code=error.code,
+                last_error=message,
+                progress=state.progress if state is not None else None,
+                duration=duration,
+            ),
+        ):
+            self._count("faulted", held, error.code)
+
     async def _fail(
         self,
         held: _Held,
@@ -1395,11 +1440,16 @@ class Worker:
                 # Replay the body only to re-register its compensators.
                 state.unwinding = True
                 ctx: JobContext[Any] = JobContext(state)
-                await self._guarded(held, state, lambda: handle.run(ctx))
+                _r, _e, replayed = await self._guarded(held, state, lambda: handle.run(ctx))
                 if await self._aborted_verdict(held, handle, state, None):
                     return
+                if isinstance(replayed, InfraFault):
+                    raise replayed
                 self._unwind_phase(held, state)
         except LeaseLost:
+            return
+        except InfraFault as fault:
+            await self._fault(held, fault.error, state)
             return
         code, message = original
         if state.unknown_compensation is not None:
@@ -1432,8 +1482,11 @@ class Worker:
             async def call(comp: Any = comp) -> None:
                 await _call(comp.fn, comp.output)
 
-            _r, comp_exc, _hb = await self._guarded(held, state, call)
+            _r, comp_exc, comp_hb = await self._guarded(held, state, call)
             if await self._aborted_verdict(held, handle, state, comp_exc):
+                return
+            if isinstance(comp_hb, InfraFault):
+                await self._fault(held, comp_hb.error, state)
                 return
             reason = state.signal.reason
             if reason is not None and comp_exc is None:
@@ -1472,6 +1525,9 @@ class Worker:
                     StepRecord(name=cname, status="completed", seq=seq, executions=executions)
                 )
             except LeaseLost:
+                return
+            except InfraFault as fault:
+                await self._fault(held, fault.error, state)
                 return
         await self._bury(held, handle, code, message, state.input, state)
 

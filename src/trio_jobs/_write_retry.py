@@ -3,7 +3,8 @@
 A run's settle (``ack``/``nack``: done, a retry, a sleep or wait hand-back, a
 drain, a burial) and its step records are fenced on the claim and each has a
 bounded write budget (``WRITE_BUDGET``). A driver that cannot be reached for a
-moment (``X_DRIVER_UNAVAILABLE``: a database restart, a dropped connection)
+moment (``X_DRIVER_UNAVAILABLE``: a database restart, a dropped connection;
+``X_DRIVER_CONFLICT``: a deadlock or a serialization failure the server broke)
 used to end the write at once: the settle was given up, the row stayed
 ``running`` until its lease lapsed and the job was redelivered with an attempt
 counted. Now such a failure is retried with capped exponential backoff and
@@ -36,6 +37,7 @@ from .errors import ErrorCode, JobsError
 __all__ = [
     "RETRY_BASE",
     "RETRY_CAP",
+    "TRANSIENT",
     "is_transient",
     "retry_delay",
     "retry_transient",
@@ -52,10 +54,15 @@ RETRY_BASE = 0.1
 RETRY_CAP = 1.0
 
 
+#: The codes of a driver failure worth retrying: a refused or dropped connection
+#: (every driver maps one to ``X_DRIVER_UNAVAILABLE``) and a statement the database
+#: rolled back to break a deadlock or a serialization conflict (``X_DRIVER_CONFLICT``).
+TRANSIENT = frozenset({ErrorCode.X_DRIVER_UNAVAILABLE, ErrorCode.X_DRIVER_CONFLICT})
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a driver failure worth retrying: ``X_DRIVER_UNAVAILABLE``
-    (every driver maps a refused or dropped connection to it)."""
-    return isinstance(exc, JobsError) and exc.code == ErrorCode.X_DRIVER_UNAVAILABLE
+    """Whether ``exc`` is a driver failure worth retrying (:data:`TRANSIENT`)."""
+    return isinstance(exc, JobsError) and exc.code in TRANSIENT
 
 
 def retry_delay(key: str, retry: int) -> float:

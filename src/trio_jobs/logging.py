@@ -72,9 +72,10 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "jobs.step.retry": (
         "warning",
         ("job_id", "attempt", "code", "worker_id", "retry", "retry_in"),
-        "a step record met a driver that is briefly unavailable (X_DRIVER_UNAVAILABLE): retry "
-        "number `retry` follows in `retry_in` seconds, within the write budget and while the "
-        "lease holds; the body sees the error only if it never lands",
+        "a step record, step.transaction's transaction or an event poll met a transient driver "
+        "failure (X_DRIVER_UNAVAILABLE, X_DRIVER_CONFLICT): retry number `retry` follows in "
+        "`retry_in` seconds, within the write budget and while the lease holds; past the budget "
+        "the run is handed back uncounted (jobs.attempt.faulted), never failed",
     ),
     "jobs.claim.exhausted": (
         "warning",
@@ -86,6 +87,15 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("job_id", "attempt", "code", "queue", "job", "worker_id"),
         "an attempt failed and the run goes back to the queue after its backoff (code: the "
         "failure's X_* code, null for an exception without one)",
+    ),
+    "jobs.attempt.faulted": (
+        "warning",
+        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        "the library's own statements for a run (a step record, step.transaction's "
+        "transaction, an event poll) met an infrastructure fault (X_DRIVER_UNAVAILABLE: a lost "
+        "connection, a restart; X_DRIVER_CONFLICT: a deadlock, a serialization failure) and "
+        "still failed after their retries: the run goes back to the queue with the attempt "
+        "uncounted and the code in last_error",
     ),
     "jobs.job.dead-lettered": (
         "warning",

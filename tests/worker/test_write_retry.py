@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -481,24 +482,79 @@ async def test_a_step_record_whose_answer_was_lost_is_read_back_not_written_twic
         assert len(events_named(caplog, "jobs.step.retry")) == 1
 
 
-async def test_a_step_record_that_never_lands_fails_the_attempt_as_before(
+@job(
+    input=Item,
+    idempotency_key=lambda i: i.key,
+    name="wr.steps.once",
+    retry=Retry(attempts=1),
+)
+async def stepped_once(ctx: JobContext[Item]) -> int:
+    async def effect() -> int:
+        ran.append(ctx.input.key)
+        return 7
+
+    return int(await ctx.step.run("effect", effect)) + 1
+
+
+async def test_a_step_record_that_never_lands_hands_the_run_back_uncounted(
     autojump_clock: Any, caplog: Any
 ) -> None:
-    async with jobs_on_memory([stepped]) as (jobs, driver):
+    # Issue 13: a fault of the library's own statement is not the body's failure.
+    # Before, the record's X_DRIVER_UNAVAILABLE failed the attempt: with
+    # attempts=1 the job was dead-lettered by an outage.
+    async with jobs_on_memory([stepped_once]) as (jobs, driver):
         outage = Outage(driver, steps=True)
         outage.fail["steps.put"] = 10_000
-        enq = await stepped.enqueue(Item("r"))
+        enq = await stepped_once.enqueue(Item("r"))
         async with running_worker(jobs, visibility_timeout="60s") as worker:
-            await wait_for(lambda: worker.stats().retried == 1)
+            await wait_for(lambda: worker.stats().faulted >= 2)
+            view = await jobs.show(enq.id)
+            assert view.state in ("ready", "running")
+            assert view.error_code == ErrorCode.X_DRIVER_UNAVAILABLE
+            assert view.last_error is not None
+            assert "uncounted" in view.last_error
+            assert SECRET not in view.last_error
             outage.fail["steps.put"] = 0
             view = await wait_state(jobs, enq.id, "done")
-        assert view.attempts == 2
-        assert view.steps[0].executions == 1  # the first run's record never landed
+            stats = worker.stats()
+        assert (stats.retried, stats.dead_lettered, stats.failed) == (0, 0, 0)
+        assert view.attempts == 1  # every faulted attempt was given back
+        assert view.steps[0].executions == 1  # no record landed before the last run
+        assert len(ran) == stats.faulted + 1  # the step re-ran once per hand-back
         retries = events_named(caplog, "jobs.step.retry")
         assert retries
         assert all(tj_logging.fields_of(r)["retry_in"] <= RETRY_CAP for r in retries)
-        failed = events_named(caplog, "jobs.attempt.retried")
-        assert [tj_logging.fields_of(r)["code"] for r in failed] == [ErrorCode.X_DRIVER_UNAVAILABLE]
+        faulted = events_named(caplog, "jobs.attempt.faulted")
+        assert len(faulted) == stats.faulted
+        for record in faulted:
+            fields = tj_logging.fields_of(record)
+            assert fields["code"] == ErrorCode.X_DRIVER_UNAVAILABLE
+            assert fields["job_id"] == enq.id
+            assert SECRET not in tj_logging.JsonFormatter().format(record)
+        assert not events_named(caplog, "jobs.attempt.retried")
+
+
+async def test_a_step_load_that_fails_hands_the_run_back_uncounted_with_its_code(
+    autojump_clock: Any,
+) -> None:
+    async with jobs_on_memory([stepped_once]) as (jobs, driver):
+        enq = await stepped_once.enqueue(Item("s"))
+        # The claim does not carry step records on this driver when told not to:
+        # make the worker load them, and fail that load once.
+        real_claim = driver.claim
+
+        async def claim(options: Any) -> Any:
+            result = await real_claim(options)
+            return attrs.evolve(result, jobs=[attrs.evolve(c, steps=None) for c in result.jobs])
+
+        driver.claim = claim
+        outage = Outage(driver, steps=True)
+        outage.fail["steps.load"] = 1
+        async with running_worker(jobs) as worker:
+            view = await wait_state(jobs, enq.id, "done")
+            assert worker.stats().faulted == 1
+        assert view.attempts == 1
+        assert ran == ["s"]
 
 
 # --------------------------------------------------------------------------- progress

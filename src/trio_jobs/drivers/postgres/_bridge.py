@@ -35,8 +35,11 @@ What this module owns:
 * :class:`Pool` — a small Trio pool of autocommit connections.
 * :class:`Database` — what the driver calls: one statement per call
   (:meth:`Database.fetch`), or a whole transaction (:meth:`Database.transaction`).
-* :func:`unavailable` — psycopg's connection failures become
-  ``JobsError("X_DRIVER_UNAVAILABLE")`` at this boundary.
+* :func:`unavailable` — psycopg's connection failures (a lost connection, an
+  admin shutdown, a failover) become ``JobsError("X_DRIVER_UNAVAILABLE")`` at
+  this boundary, and :func:`conflict` turns a deadlock (SQLSTATE ``40P01``) or a
+  serialization failure (``40001``) into ``JobsError("X_DRIVER_CONFLICT")``: the
+  server rolled the statement's transaction back, so it is safe to run again.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ __all__ = [
     "Database",
     "Pool",
     "TrioConnection",
+    "conflict",
     "connect",
+    "translate",
     "unavailable",
 ]
 
@@ -101,6 +106,36 @@ def unavailable(exc: BaseException | None = None, what: str = "PostgreSQL") -> D
         "server is up — the call can be retried once it is",
         meta={"sqlstate": state} if state else None,
     )
+
+
+#: SQLSTATEs of a transaction the server rolled back to break a conflict: a
+#: deadlock and a serialization failure. Running it again is the documented cure.
+CONFLICT_STATES = frozenset({"40P01", "40001"})
+
+
+def conflict(exc: BaseException) -> DriverError:
+    """The ``X_DRIVER_CONFLICT`` error for a deadlock or a serialization failure.
+
+    Like :func:`unavailable`, the message names the class and SQLSTATE only: the
+    server's text names the relation and the tuple, and may quote a key's value."""
+    state = getattr(exc, "sqlstate", None)
+    return DriverError(
+        ErrorCode.X_DRIVER_CONFLICT,
+        f"PostgreSQL rolled the transaction back to break a conflict ({type(exc).__name__}, "
+        f"SQLSTATE {state}); nothing of it was written — run it again",
+        meta={"sqlstate": state},
+    )
+
+
+def translate(exc: psycopg.Error) -> BaseException:
+    """The exception a psycopg error becomes at this boundary: a connection failure
+    is :func:`unavailable`, a conflict is :func:`conflict`, anything else (an error
+    in the statement itself) stays as psycopg raised it."""
+    if is_connection_error(exc):
+        return unavailable(exc)
+    if getattr(exc, "sqlstate", None) in CONFLICT_STATES:
+        return conflict(exc)
+    return exc
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -402,8 +437,9 @@ class Transaction:
         try:
             return await _run(self.conn, sql, params)
         except psycopg.Error as exc:
-            if is_connection_error(exc):
-                raise unavailable(exc) from None
+            found = translate(exc)
+            if found is not exc:
+                raise found from None
             raise
 
 
@@ -420,8 +456,9 @@ class Database:
             async with self.pool.connection() as conn:
                 return await _run(conn, sql, params)
         except psycopg.Error as exc:
-            if is_connection_error(exc):
-                raise unavailable(exc) from None
+            found = translate(exc)
+            if found is not exc:
+                raise found from None
             raise
 
     async def script(self, sql: str) -> None:
@@ -450,8 +487,11 @@ class Database:
             try:
                 await conn.execute("COMMIT")
             except psycopg.Error as exc:
-                if is_connection_error(exc):
-                    raise unavailable(exc) from None
+                # A connection lost here leaves the outcome unknown (the commit may
+                # have landed); a conflict (a serializable commit) rolled back.
+                found = translate(exc)
+                if found is not exc:
+                    raise found from None
                 raise
             for hook in tx.after_commit:
                 hook()
