@@ -61,7 +61,10 @@ def json_shapes() -> dict[str, str]:
         "dev": '{"rows": [{"id", "state", "attempts", "steps", "result"}, ...], "effects": {...}, '
         '"database": SOURCE, "interrupted": false}',
         "worker": '{"ok": true, "worker_id", "outcome": "drained" | "abandoned", "done", '
-        '"retried", "dead_lettered", "drained", "abandoned"}',
+        '"retried", "dead_lettered", "drained", "abandoned"}`; with `--processes N` above 1: '
+        '`{"ok": true, "outcome": "drained" | "abandoned", "processes": N, "restarts": N, '
+        '"workers": [{"slot", "pid", "exit_code", "signal", "ending", "worker_id", "outcome", '
+        '"done", "retried", "dead_lettered", "drained", "abandoned"}, ...]}',
         "VIEW": view,
     }
 
@@ -84,7 +87,9 @@ Every subcommand takes `--json` and `--database-url DSN` anywhere after its name
   stderr, or `{"ok": false, "error": {"code": "X_...", "message": "..."}}` on stdout with
   `--json`); `2` a usage error (an unknown option or command, a missing `--reason`, an
   unknown `--state`, `--limit abc`), printed the same way with `X_CONFIG_INVALID` and the
-  command's `--help`; `3` a worker that abandoned jobs at its drain deadline.
+  command's `--help`; `3` a worker that abandoned jobs at its drain deadline (with
+  `worker --processes N`: any child did, or died while draining). A `--processes`
+  supervisor whose children refused their configuration exits with their code.
 - **Bad arguments** are refused before any I/O where the command can tell on its own: a
   job ID that is not a UUID (`X_JOB_NOT_FOUND`), a queue, job or step name no job can
   have, a NUL character or text that is not UTF-8, an empty `--database-url`, a port out

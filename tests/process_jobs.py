@@ -117,6 +117,13 @@ async def pickup(ctx: JobContext[Work]) -> None:
     await effect(ctx, "started")
 
 
+@job(input=Work, tenant="none", idempotency_key=lambda i: f"slow:{i.key}", name="proc.slow")
+async def slow(ctx: JobContext[Work]) -> None:
+    """Holds its slot a moment: a batch of them spreads over the workers."""
+    await effect(ctx, "slow")
+    await trio.sleep(0.3)
+
+
 @job(input=Work, tenant="none", idempotency_key=lambda i: f"ghost:{i.key}", name="proc.ghost")
 async def ghost(ctx: JobContext[Work]) -> None:
     """Enqueued in transactions that never commit: it must never run."""
@@ -149,7 +156,7 @@ async def atomic(ctx: JobContext[Work]) -> Any:
     return await ctx.step.transaction("write", write)
 
 
-jobs = [three_steps, blocker, stubborn, capped, pickup, ghost, atomic]
+jobs = [three_steps, blocker, stubborn, capped, pickup, slow, ghost, atomic]
 
 
 # --------------------------------------------------------------------------- the enqueuing side

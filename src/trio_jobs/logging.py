@@ -181,6 +181,64 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("worker_id", "reason", "in_flight"),
         "`trio-jobs worker` gave up on held jobs (second signal or drain deadline) and exits 3",
     ),
+    "jobs.worker.orphaned": (
+        "warning",
+        ("pid",),
+        "a `--processes` child found its supervisor gone (killed, or crashed): it drains itself "
+        "as on SIGTERM",
+    ),
+    "jobs.supervisor.started": (
+        "info",
+        ("pid", "processes"),
+        "`trio-jobs worker --processes N` starts its N children",
+    ),
+    "jobs.supervisor.child-started": (
+        "info",
+        ("slot", "pid"),
+        "a child worker process started in slot `slot` (0 to N-1)",
+    ),
+    "jobs.supervisor.child-exited": (
+        "warning",
+        ("slot", "pid", "worker_id", "exit_code", "signal", "code", "uptime", "restart_in"),
+        "a child ended while the supervisor was not draining (exit_code, or the signal that "
+        "killed it; code: its refusal's X_* code, if it sent one); it restarts in `restart_in` "
+        "seconds (0.5 s doubling to 30 s, back to 0.5 s after a minute up)",
+    ),
+    "jobs.supervisor.child-restarted": (
+        "info",
+        ("slot", "pid", "previous_pid", "restarts"),
+        "a replacement child started (restarts: how many so far, every slot)",
+    ),
+    "jobs.supervisor.child-refused": (
+        "error",
+        ("slot", "pid", "exit_code", "signal", "code", "refusals"),
+        "a child refused its configuration before it was ready (exit 1 or 2), before any child "
+        "was ready or for the 3rd time in a row: the others drain and the supervisor exits with "
+        "its code, printing the refusal",
+    ),
+    "jobs.supervisor.draining": (
+        "info",
+        ("reason", "children"),
+        "the supervisor got SIGTERM/SIGINT (or a child refused: reason=child-refused) and "
+        "forwarded SIGTERM to every child, which drains itself",
+    ),
+    "jobs.supervisor.abandoning": (
+        "warning",
+        ("reason", "children"),
+        "a second signal, forwarded: the children abandon their held jobs at once (exit 3)",
+    ),
+    "jobs.supervisor.child-killed": (
+        "warning",
+        ("slot", "pid", "waited"),
+        "a child still running `waited` seconds after the drain began (its drain deadline, plus "
+        "grace) was SIGKILLed; its leases lapse",
+    ),
+    "jobs.supervisor.stopped": (
+        "info",
+        ("outcome", "exit_code", "restarts"),
+        "every child has exited: outcome drained (exit 0), abandoned (3) or refused (the child's "
+        "code)",
+    ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
     "jobs.dashboard.action": (

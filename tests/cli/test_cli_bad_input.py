@@ -5,8 +5,9 @@ ids that are not (or name no) job, names, queues, tenants, steps and id
 prefixes no job can have, moments, limits and cursors that do not parse, JSON
 that is not JSON (or too deep, or too big), unknown states, options and
 commands, missing values, connection strings that do not parse or reach
-nothing, worker targets, durations and slot counts, dashboard hosts, ports and
-auth hooks, mixed in with valid flags. Each call must be a *coded refusal*:
+nothing, worker targets, durations, slot and process counts, dashboard hosts,
+ports and auth hooks, mixed in with valid flags. Each call must be a *coded
+refusal*:
 
 * the process exits non-zero (1 a refusal, 2 a usage error);
 * the output is ``X_CODE: message`` on stderr, or with ``--json`` the body
@@ -54,6 +55,7 @@ from trio_jobs import open_jobs
 from trio_jobs._time import parse_duration
 from trio_jobs.cli import main
 from trio_jobs.cli._args import QUEUE_RE
+from trio_jobs.cli._supervise import MAX_PROCESSES
 from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.drivers.postgres._driver import conninfo_with_schema
 from trio_jobs.errors import ErrorCode, JobsError
@@ -689,6 +691,7 @@ def test_a_usage_error_is_a_coded_refusal(world: World, data: st.DataObject, as_
             ["dev", "--orgs", "LIMIT"],
             ["dashboard", "--port", "LIMIT"],
             ["worker", "trio_jobs.examples.onboarding", "--max-in-flight", "LIMIT"],
+            ["worker", "trio_jobs.examples.onboarding", "--processes", "LIMIT"],
             ["cancel", "ID"],
             ["resolve-step", "ID"],
             ["show"],
@@ -890,6 +893,7 @@ def test_a_bad_worker_argument_is_refused_before_any_io(data: st.DataObject, as_
                     "idle-poll-max",
                     "queues",
                     "mismatch",
+                    "processes",
                 ]
             ),
             min_size=1,
@@ -931,6 +935,14 @@ def test_a_bad_worker_argument_is_refused_before_any_io(data: st.DataObject, as_
         elif m == "mismatch":
             flags["--queues"] = "emails,billing"
             flags["--concurrency"] = "emails=2"
+        elif m == "processes":
+            # Outside 1..64, or not a whole number: never a supervisor started.
+            flags["--processes"] = data.draw(
+                st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_PROCESSES + 1)).map(
+                    str
+                )
+                | hostile.filter(lambda s: not (_int(s) and 1 <= int(s) <= MAX_PROCESSES))
+            )
         else:
             # A drain timeout of 0 is allowed: abandon at once.
             flags[f"--{m}"] = data.draw(bad_drain if m == "drain-timeout" else bad_duration)

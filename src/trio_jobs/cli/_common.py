@@ -31,7 +31,11 @@ __all__ = [
 
 #: A refusal: the command printed an ``X_*`` code.
 EXIT_REFUSED = 1
-#: A worker that could not drain in time: it abandoned the jobs it held.
+#: A worker that could not drain in time: it abandoned the jobs it held. Under
+#: ``--processes N``, the supervisor's code when any child abandoned jobs while
+#: draining (or died, or was killed, while draining: its leases lapse alike);
+#: a supervisor whose child refused its configuration exits with that child's
+#: code (``EXIT_REFUSED``, or ``EXIT_USAGE`` from ``_usage.py``).
 EXIT_ABANDONED = 3
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -124,14 +128,25 @@ def refuse(error: JobsError, as_json: bool, exit_code: int = EXIT_REFUSED) -> No
     sys.exit(exit_code)
 
 
-def run(fn: Callable[..., Awaitable[T]], *args: Any, as_json: bool) -> T:
-    """``trio.run(fn, *args)``; a ``JobsError`` (bare or alone in a group) is a refusal."""
+def run(
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    as_json: bool,
+    refused: Callable[[JobsError], None] | None = None,
+) -> T:
+    """``trio.run(fn, *args)``; a ``JobsError`` (bare or alone in a group) is a
+    refusal: printed, or handed to ``refused`` (a supervised worker tells its
+    supervisor, which prints it once), and the process exits 1."""
     try:
         return trio.run(fn, *args)
     except BaseException as exc:
         error = _jobs_error(exc)
         if error is None:
             raise
+        if refused is not None:
+            refused(error)
+            flush_logs()
+            sys.exit(EXIT_REFUSED)
         refuse(error, as_json)
 
 

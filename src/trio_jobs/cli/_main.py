@@ -6,8 +6,9 @@ embedded PostgreSQL under ``./.trio-jobs/`` (started on demand); a subcommand
 that touches it migrates it first. A refusal exits 1 printing its ``X_*``
 code; a usage error (click's: an unknown option, a missing value) exits 2,
 printed the same way as ``X_CONFIG_INVALID`` (``_usage.py``); a worker that
-abandons jobs at its drain deadline exits 3. Arguments are checked before any
-I/O where the command can tell on its own (``_args.py``).
+abandons jobs at its drain deadline exits 3 (and so does ``worker --processes
+N`` when any of its children did; ``_supervise.py``). Arguments are checked
+before any I/O where the command can tell on its own (``_args.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._common import (
     duration,
     flush_logs,
     guarded,
+    refuse,
     resolve_database,
     run,
 )
@@ -209,6 +211,14 @@ def migrate(as_json: bool, database_url: str | None) -> None:
     show_default=True,
     help="Run the hourly retention purge (done rows after 14 d, dead after 90 d).",
 )
+@click.option(
+    "--processes",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes under one supervisor (1 to 64): SIGTERM drains them all, and a "
+    "child that dies is restarted. 1: this process is the worker.",
+)
 @common_options
 @guarded
 def worker(
@@ -221,12 +231,19 @@ def worker(
     poll_interval: str,
     idle_poll_max: str | None,
     purge: bool,
+    processes: int,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """Run a worker for the jobs of MODULE (every job at its top level), or of
     the list MODULE:ATTR. SIGTERM drains it (exit 0 once drained); a second
-    SIGTERM, or the drain deadline, abandons the held jobs (exit 3)."""
+    SIGTERM, or the drain deadline, abandons the held jobs (exit 3).
+
+    With --processes N, a supervisor runs N such workers, each with these
+    arguments: SIGTERM (or Ctrl-C) drains them all (exit 0, or 3 when any
+    abandoned jobs); a child that dies is restarted after a backoff; a child
+    that refuses its configuration at start stops them all with its exit code."""
+    from ._supervise import ChildLink
     from ._worker import WorkerOptions, check_settings, parse_concurrency, parse_queues, serve
 
     configure_logging(as_json)
@@ -241,13 +258,41 @@ def worker(
         idle_poll_max=duration(idle_poll_max),
         purge=purge,
         database_url=database_url,
+        processes=processes,
     )
     check_settings(opts)
-    summary = run(serve, opts, as_json=as_json)
-    if as_json:
+    if processes > 1:
+        _supervise(opts, as_json)
+        return
+    link = ChildLink.from_env()
+    summary = run(
+        serve, opts, link, as_json=as_json, refused=link.refused if link is not None else None
+    )
+    if as_json and link is None:  # a supervised worker's summary is its supervisor's to print
         _echo_json({"ok": summary["outcome"] == "drained", **summary})
     if summary["outcome"] != "drained":
         sys.exit(EXIT_ABANDONED)
+
+
+def _supervise(opts: Any, as_json: bool) -> None:
+    """``worker --processes N``: the supervisor, until every child has exited."""
+    from .._time import parse_duration
+    from ._supervise import Plan, Supervisor, child_command
+    from ._worker import DRAIN_GRACE
+
+    drain = parse_duration(opts.drain_timeout, field="--drain-timeout", allow_zero=True)
+    plan = Plan(
+        command=child_command(click.get_current_context()),
+        processes=opts.processes,
+        drain_budget=drain + DRAIN_GRACE,
+    )
+    outcome = run(Supervisor(plan).run, as_json=as_json)
+    if outcome.refusal is not None:
+        refuse(outcome.refusal, as_json, exit_code=outcome.exit_code)
+    if as_json:
+        _echo_json(outcome.body())
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
 
 
 # --------------------------------------------------------------------------- operate

@@ -7,6 +7,10 @@ drain that outlasts ``--drain-timeout`` (plus a short grace for the hand-back
 writes), abandons the jobs still held: the logs are flushed and the process
 exits ``3`` at once; their leases lapse and the queue redelivers them (the
 attempt is counted).
+
+Under ``--processes N`` (``_supervise.py``) the worker is one of N children: it
+tells its supervisor when it is ready, why it refused and what it did, and
+drains itself if the supervisor goes away.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -31,6 +35,9 @@ from ._common import (
     log_event,
     resolve_database,
 )
+
+if TYPE_CHECKING:
+    from ._supervise import ChildLink
 
 __all__ = [
     "WorkerOptions",
@@ -159,6 +166,13 @@ def check_settings(opts: WorkerOptions) -> None:
     if opts.max_in_flight is not None and opts.max_in_flight < 1:
         code = ErrorCode.X_INVARIANT if opts.max_in_flight == 0 else ErrorCode.X_CONFIG_INVALID
         raise JobsError(code, "--max-in-flight must be a whole number, 1 or more")
+    from ._supervise import MAX_PROCESSES
+
+    if not 1 <= opts.processes <= MAX_PROCESSES:
+        raise config_error(
+            f"--processes is how many worker processes to run: a whole number from 1 to "
+            f"{MAX_PROCESSES} (1: this process, no supervisor)"
+        )
 
 
 @attrs.frozen
@@ -173,11 +187,13 @@ class WorkerOptions:
     idle_poll_max: Any
     purge: bool
     database_url: str | None
+    processes: int = 1
 
 
-async def serve(opts: WorkerOptions) -> dict[str, Any]:
+async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str, Any]:
     """Run the worker until a signal drains it; answers the summary. An abandoned
-    drain never returns: the process exits ``EXIT_ABANDONED`` at once."""
+    drain never returns: the process exits ``EXIT_ABANDONED`` at once. ``link``:
+    the supervisor's, when this process is one of ``--processes N``."""
     from .. import Retention, Worker, open_jobs
     from ..drivers.postgres import postgres_driver
 
@@ -200,6 +216,8 @@ async def serve(opts: WorkerOptions) -> dict[str, Any]:
                 idle_poll_max=opts.idle_poll_max,
             )
             async with trio.open_nursery() as nursery:
+                if link is not None:
+                    nursery.start_soon(_orphaned, link)
                 await nursery.start(worker.run)
                 if opts.purge:
                     await nursery.start(Retention(jobs.driver).run)
@@ -213,7 +231,9 @@ async def serve(opts: WorkerOptions) -> dict[str, Any]:
                     jobs=len(handles),
                     database=db.source,
                 )
-                outcome = await _until_drained(worker, signals)
+                if link is not None:
+                    link.ready(worker.id)
+                outcome = await _until_drained(worker, signals, link)
                 nursery.cancel_scope.cancel()
             stats = worker.stats()
     counts = {
@@ -235,10 +255,22 @@ async def serve(opts: WorkerOptions) -> dict[str, Any]:
             in_flight=0,
             **counts,
         )
-    return {"worker_id": worker.id, "outcome": outcome, **counts}
+    summary = {"worker_id": worker.id, "outcome": outcome, **counts}
+    if link is not None:
+        link.summary(summary)
+    return summary
 
 
-async def _until_drained(worker: Any, signals: Any) -> str:
+async def _orphaned(link: ChildLink) -> None:
+    """The supervisor is gone (killed, or crashed): drain rather than run on
+    unsupervised, by sending this process the SIGTERM it would have forwarded
+    (one drain path; a later signal still abandons)."""
+    await link.orphaned()
+    log_event(logging.WARNING, "jobs.worker.orphaned", pid=os.getpid())
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def _until_drained(worker: Any, signals: Any, link: ChildLink | None = None) -> str:
     """Wait for the first signal, drain; ``"drained"``, or ``"abandoned"`` when a
     body outlasted the drain deadline but the worker still stopped. A second
     signal, or a worker that does not stop by the deadline, exits the process."""
@@ -271,11 +303,11 @@ async def _until_drained(worker: Any, signals: Any) -> str:
         nursery.start_soon(drain)
         nursery.start_soon(second)
     if reason:
-        _abandon(worker, reason)
+        _abandon(worker, reason, link)
     return "abandoned" if worker.stats().abandoned else "drained"
 
 
-def _abandon(worker: Any, reason: str) -> None:
+def _abandon(worker: Any, reason: str, link: ChildLink | None = None) -> None:
     """Leave now: the held jobs' leases lapse and the queue redelivers them."""
     log_event(
         logging.WARNING,
@@ -284,5 +316,7 @@ def _abandon(worker: Any, reason: str) -> None:
         reason=reason,
         in_flight=worker.stats().in_flight,
     )
+    if link is not None:
+        link.summary({"worker_id": worker.id, "outcome": "abandoned", "reason": reason})
     flush_logs()
     os._exit(EXIT_ABANDONED)
