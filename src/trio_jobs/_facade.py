@@ -452,6 +452,10 @@ def _run_id(value: object) -> str:
     )
 
 
+_INT_MIN = -(2**63)
+_INT_LIMIT = 2**64
+
+
 async def enqueue_inputs(
     handle: Job[Any, Any],
     inputs: Sequence[Any],
@@ -494,13 +498,32 @@ async def enqueue_inputs(
 
     # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
     trace_context = _tracing.inject()
+    name, queue, sensitive = handle.name, handle.queue, handle.sensitive
+    max_attempts = handle.max_attempts
+    # A JSON-native input (int, str, bool) of exactly its declared type is its own
+    # structured value and parses back to itself: no parse, and no round trip.
+    native = handle.input if handle.input in (int, str, bool) else None
+    ids = facade.ids
+    # An unseeded uuid4 source makes a batch's ids in one call; any other source
+    # (a seeded stream, one passed in) is asked per id, in the order it always was.
+    fresh = ids.new_ids(2 * len(inputs)) if isinstance(ids, UuidSource) and not ids.seeded else None
     requests: list[EnqueueRequest] = []
     for index, raw in enumerate(inputs):
         rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
-        value = handle.parse(raw)
-        payload = handle._payload(value)
-        # Round trip: what the worker will parse must parse.
-        handle.parse(payload)
+        if native is not None and type(raw) is native:
+            value = raw
+            # orjson writes ints of 64 bits; payload_form refuses the rest (and
+            # checks a string's size and encoding).
+            payload = (
+                raw
+                if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
+                else handle._payload(value)
+            )
+        else:
+            value = handle.parse(raw)
+            payload = handle._payload(value)
+            # Round trip: what the worker will parse must parse.
+            handle.parse(payload)
         key = handle.idempotency_key_for(value)
         ckey = handle.concurrency_key_for(value)
         declared = handle.tenant_of(value)
@@ -518,15 +541,21 @@ async def enqueue_inputs(
         elif actor_obj is not None and actor_obj.org_id is not None and not cross:
             if declared is not None and declared != actor_obj.org_id:
                 raise _mismatch(handle, "the ambient actor")
+        if fresh is not None:
+            job_id = fresh[2 * index]
+            run_id = rid or fresh[2 * index + 1]
+        else:
+            job_id = ids.new_id()
+            run_id = rid or ids.new_id()
         requests.append(
             EnqueueRequest(
-                id=facade.ids.new_id(),
-                run_id=rid or facade.ids.new_id(),
-                name=handle.name,
-                queue=handle.queue,
+                id=job_id,
+                run_id=run_id,
+                name=name,
+                queue=queue,
                 payload=payload,
                 idempotency_key=key,
-                max_attempts=handle.max_attempts,
+                max_attempts=max_attempts,
                 tenant_id=row_tenant,
                 concurrency_key=ckey,
                 priority=priority,
@@ -534,7 +563,7 @@ async def enqueue_inputs(
                 delay=delay_s,
                 actor=actor_obj.to_json() if actor_obj is not None else None,
                 trace_context=trace_context,
-                sensitive=handle.sensitive,
+                sensitive=sensitive,
             )
         )
     if not requests:

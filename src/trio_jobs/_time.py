@@ -7,6 +7,7 @@ uuid: these sources are injected, so the harness and the simulation drive them.
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 import time
@@ -130,6 +131,30 @@ class UuidSource:
         if self._rng is None:
             return str(uuid.uuid4())
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the ids come from a seeded (deterministic) stream."""
+        return self._rng is not None
+
+    def new_ids(self, n: int) -> list[str]:
+        """``n`` ids; from one ``os.urandom`` call when unseeded (an enqueue_many
+        batch), else ``n`` calls of :meth:`new_id` (the same seeded stream)."""
+        if self._rng is not None:
+            return [self.new_id() for _ in range(n)]
+        raw = bytearray(os.urandom(16 * n))
+        # uuid4: version 4 in the high nibble of byte 6, variant 10 in byte 8.
+        raw[6::16] = raw[6::16].translate(_VERSION_4)
+        raw[8::16] = raw[8::16].translate(_VARIANT_RFC)
+        h = raw.hex()
+        return [
+            f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
+            for i in range(0, 32 * n, 32)
+        ]
+
+
+_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
+_VARIANT_RFC = bytes((b & 0x3F) | 0x80 for b in range(256))
 
 
 class JitterSource(Protocol):

@@ -834,3 +834,75 @@ async def test_a_dict_input_is_structured_into_the_declared_class(jobs: Jobs) ->
     view = await jobs.show(got.id)
     assert view.payload == {"org_id": ORG_A, "note": ""}
     assert view.tenant_id == ORG_A
+
+
+# --------------------------------------------------------------------------- JSON-native inputs
+
+
+@job(name="texted", input=str, idempotency_key=lambda s: f"s:{s[:10]}")
+async def texted(ctx: JobContext[str]) -> None:
+    return None
+
+
+@job(name="flagged", input=bool, idempotency_key=lambda b: f"b:{b}")
+async def flagged(ctx: JobContext[bool]) -> None:
+    return None
+
+
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, True, 1.0, "1"], ids=repr)
+async def test_an_int_input_out_of_json_range_or_of_another_type_is_refused_whole(
+    value: Any,
+) -> None:
+    # The batch path takes an exact int without parsing it: the range of a JSON
+    # int (what orjson writes) and the declared type still refuse the whole call.
+    async with open_jobs(memory_driver(), jobs=[counted]) as facade:
+        with pytest.raises(JobsError) as caught:
+            await counted.enqueue_many([1, value])
+        assert caught.value.code == ErrorCode.X_JOB_INPUT_INVALID
+        await assert_nothing_written(facade)
+
+
+async def test_int_inputs_at_the_json_range_edges_are_queued_as_themselves() -> None:
+    async with open_jobs(memory_driver(), jobs=[counted]) as facade:
+        got = await counted.enqueue_many([2**64 - 1, -(2**63), 0])
+        assert [(await facade.show(g.id)).payload for g in got] == [2**64 - 1, -(2**63), 0]
+
+
+async def test_a_str_input_still_has_its_encoding_and_size_checked() -> None:
+    async with open_jobs(memory_driver(), jobs=[texted, flagged]) as facade:
+        with pytest.raises(JobsError) as caught:
+            await texted.enqueue_many(["ok", "\ud800"])  # a lone surrogate has no UTF-8 form
+        assert caught.value.code == ErrorCode.X_JOB_INPUT_INVALID
+        with pytest.raises(JobsError) as caught:
+            await texted.enqueue_many(["ok", "x" * (1024 * 1024 + 1)])
+        assert caught.value.code == ErrorCode.X_JOB_INPUT_INVALID
+        await assert_nothing_written(facade)
+        got = await texted.enqueue_many(["é", "ok"])
+        assert [(await facade.show(g.id)).payload for g in got] == ["é", "ok"]
+        with pytest.raises(JobsError) as caught:
+            await flagged.enqueue_many([True, 1])
+        assert caught.value.code == ErrorCode.X_JOB_INPUT_INVALID
+        got = await flagged.enqueue_many([True, False])
+        assert [(await facade.show(g.id)).payload for g in got] == [True, False]
+
+
+async def test_a_batch_has_distinct_uuid4_ids_and_run_ids() -> None:
+    async with open_jobs(memory_driver(), jobs=[counted]):
+        got = await counted.enqueue_many(range(2000))
+    ids = [g.id for g in got] + [g.run_id for g in got]
+    assert len(set(ids)) == 4000
+    for value in ids:
+        parsed = uuid.UUID(value)
+        assert str(parsed) == value
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
+async def test_a_seeded_id_source_gives_a_batch_the_ids_it_gives_one_by_one() -> None:
+    from trio_jobs._time import UuidSource
+
+    async with open_jobs(memory_driver(), jobs=[counted], ids=UuidSource(11)):
+        batch = await counted.enqueue_many([1, 2, 3])
+    async with open_jobs(memory_driver(), jobs=[counted], ids=UuidSource(11)):
+        single = [await counted.enqueue(i) for i in (1, 2, 3)]
+    assert [(g.id, g.run_id) for g in batch] == [(g.id, g.run_id) for g in single]
