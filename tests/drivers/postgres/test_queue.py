@@ -76,6 +76,77 @@ async def test_enqueue_many_of_a_thousand_is_one_statement(driver: PostgresDrive
     assert len(seen) == 4  # one per 1,000
 
 
+async def test_a_batch_stores_each_rows_own_columns_shared_or_varying(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    # enqueue_many sends a column the batch shares once and a varying one per
+    # row: either way each row holds its own request's values.
+    shared = [req(f"s{i}", priority=2, tenant_id="t", actor={"id": "u"}) for i in range(3)]
+    mixed = [
+        req("v0", name="a", queue="q1", priority=1, tenant_id=None, sensitive=True, delay=60.0),
+        req(
+            "v1",
+            name="b",
+            queue="q2",
+            priority=5,
+            tenant_id="t2",
+            concurrency_key="c",
+            actor={"id": "u", "n": 1},
+            trace_context={"traceparent": "x"},
+            max_attempts=7,
+        ),
+        req("v2", name="a", queue="q1", priority=1, run_at=1.0, actor={"id": "u", "n": True}),
+    ]
+    for batch in (shared, mixed):
+        await driver.enqueue_many(batch)
+        for r in batch:
+            row = sql(
+                pg_dsn,
+                pg_schema,
+                "SELECT name, queue, tenant_id, concurrency_key, max_attempts, priority, "
+                "sensitive, actor, trace_context, state, payload FROM trio_jobs_jobs WHERE id = %s",
+                (r.id,),
+            )
+            assert row == [
+                (
+                    r.name,
+                    r.queue,
+                    r.tenant_id,
+                    r.concurrency_key,
+                    r.max_attempts,
+                    r.priority,
+                    r.sensitive,
+                    r.actor,
+                    r.trace_context,
+                    "delayed" if r.delay else "ready",
+                    r.payload,
+                )
+            ]
+
+
+async def test_a_full_batch_dedupes_within_itself_and_against_a_live_row(
+    driver: PostgresDriver,
+) -> None:
+    from trio_jobs.drivers import MAX_ENQUEUE_BATCH
+
+    live = (await driver.enqueue_many([req("k7")]))[0]
+    batch = [req(f"k{i % (MAX_ENQUEUE_BATCH // 2)}") for i in range(MAX_ENQUEUE_BATCH)]
+    out = await driver.enqueue_many(batch)
+    assert len(out) == MAX_ENQUEUE_BATCH
+    half = MAX_ENQUEUE_BATCH // 2
+    for i, got in enumerate(out):
+        if i % half == 7:
+            assert (got.id, got.deduped) == (live.id, True)
+        elif i < half:
+            assert (got.id, got.run_id, got.deduped) == (batch[i].id, batch[i].run_id, False)
+        else:
+            assert (got.id, got.run_id, got.deduped) == (
+                out[i - half].id,
+                out[i - half].run_id,
+                True,
+            )
+
+
 async def test_a_rolled_back_transaction_leaves_no_job(
     driver: PostgresDriver, pg_dsn: str, pg_schema: str
 ) -> None:

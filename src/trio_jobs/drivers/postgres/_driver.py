@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -92,6 +93,21 @@ _LAPSE_MESSAGE = (
 
 #: Runs one named query with its parameters (on the pool, or in a transaction).
 _Run = Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
+
+
+#: EnqueueRequest columns a batch usually shares: sent once when it does.
+_SHARED_SCALARS = (
+    "name",
+    "queue",
+    "tenant_id",
+    "concurrency_key",
+    "max_attempts",
+    "priority",
+    "run_at",
+    "delay",
+    "sensitive",
+)
+_SHARED_JSON = ("actor", "trace_context")
 
 
 def _json(value: Any) -> str:
@@ -438,32 +454,46 @@ class PostgresDriver:
         return EnqueueResult(r.id, r.run_id, False)
 
     def _enqueue_params(self, batch: Sequence[EnqueueRequest]) -> dict[str, Any]:
+        # A column the whole batch shares is one parameter; the rows carry only
+        # the columns that vary (enqueue_many in sql/queue.sql).
+        first = batch[0]
+        params: dict[str, Any] = {}
+        varying: list[str] = []
+        for column in _SHARED_SCALARS:
+            value = getattr(first, column)
+            kind = type(value)
+            if all(type(v) is kind and v == value for v in map(attrgetter(column), batch)):
+                params[column] = value
+            else:
+                params[column] = None
+                varying.append(column)
+        for column in _SHARED_JSON:
+            value = getattr(first, column)
+            if all(v is value for v in map(attrgetter(column), batch)) or (
+                len({_json(v) for v in map(attrgetter(column), batch)}) == 1
+            ):
+                params[column] = _json_or_none(value)
+            else:
+                params[column] = None
+                varying.append(column)
         rows = [
             {
                 "ord": i,
                 "id": r.id,
                 "run_id": r.run_id,
-                "name": r.name,
-                "queue": r.queue,
                 "payload": r.payload,
-                "tenant_id": r.tenant_id,
                 "idempotency_key": r.idempotency_key,
-                "concurrency_key": r.concurrency_key,
-                "max_attempts": r.max_attempts,
-                "priority": r.priority,
-                "run_at": r.run_at,
-                "delay": r.delay,
-                "actor": r.actor,
-                "trace_context": r.trace_context,
-                "sensitive": r.sensitive,
             }
             for i, r in enumerate(batch, start=1)
         ]
-        return {
-            "rows": _json(rows),
-            "channel": self.channel,
-            "notify": self._notify_allowed([r.queue for r in batch]),
-        }
+        if varying:
+            for row, r in zip(rows, batch, strict=True):
+                for column in varying:
+                    row[column] = getattr(r, column)
+        params["rows"] = _json(rows)
+        params["channel"] = self.channel
+        params["notify"] = self._notify_allowed([r.queue for r in batch])
+        return params
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[_PgTx]:
