@@ -729,9 +729,20 @@ class Worker:
         cause, failed_code = "timeout", str(ErrorCode.X_DRIVER_UNAVAILABLE)
         # Bounded by the heartbeat interval and by the first lease window to close.
         budget = min(self.heartbeat_interval, min(self._window_close(h) for h in batch) - now)
-        with trio.move_on_after(max(0.0, budget)):
+        with trio.move_on_after(max(0.0, budget)) as scope:
             try:
-                statuses = await self.driver.heartbeat(requests, self.visibility_timeout)
+                # A transient failure (a dropped connection, a deadlock the server
+                # broke) is retried within the same budget: a renewal is idempotent.
+                statuses = await write_retrying(
+                    lambda: self.driver.heartbeat(requests, self.visibility_timeout),
+                    deadline=scope.deadline,
+                    gone=lambda: bool(getattr(self.driver, "closed", False)),
+                    about=lambda: (
+                        f"heartbeat:{self.id}",
+                        "jobs.heartbeat.retry",
+                        {"worker_id": self.id, "jobs": len(requests)},
+                    ),
+                )
             except Exception as exc:
                 statuses = None
                 cause = type(exc).__name__

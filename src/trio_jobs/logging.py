@@ -41,6 +41,14 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("job_id", "attempt", "code", "worker_id", "cause"),
         "one renewal failed or hung; the window still has room for the next",
     ),
+    "jobs.heartbeat.retry": (
+        "warning",
+        ("worker_id", "jobs", "code", "retry", "retry_in"),
+        "one batched renewal of `jobs` leases met a transient driver failure "
+        "(X_DRIVER_UNAVAILABLE, X_DRIVER_CONFLICT): retry number `retry` follows in "
+        "`retry_in` seconds, within the heartbeat's budget (the interval, and the first lease "
+        "window to close)",
+    ),
     "jobs.timeout.abandoned": (
         "warning",
         ("job_id", "attempt", "code", "how"),

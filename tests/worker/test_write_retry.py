@@ -584,3 +584,32 @@ async def test_progress_a_failed_heartbeat_carried_is_carried_again(
 
 async def _progress_of(jobs: Any, job_id: str) -> Any:
     return (await jobs.show(job_id)).progress
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+
+async def test_a_renewal_that_meets_a_short_outage_is_retried_within_its_beat(
+    autojump_clock: Any, caplog: Any
+) -> None:
+    async with jobs_on_memory([gated]) as (jobs, driver):
+        outage = Outage(driver)
+        enq = await gated.enqueue(Item("h"))
+        async with running_worker(jobs, visibility_timeout="30s") as worker:
+            await wait_for(lambda: ran == ["h"])
+            outage.fail["heartbeat"] = 2
+            began = trio.current_time()
+            await wait_for(lambda: outage.reached["heartbeat"] >= 1, what="a renewal")
+            landed = trio.current_time()
+            gate.set()
+            await wait_state(jobs, enq.id, "done")
+            assert worker.stats().leases_lost == 0
+        # The failed tries were retried at once, not at the next beat 10 s later.
+        assert landed - began <= worker.heartbeat_interval + 2 * RETRY_CAP
+        retries = events_named(caplog, "jobs.heartbeat.retry")
+        assert [tj_logging.fields_of(r)["retry"] for r in retries] == [1, 2]
+        for record in retries:
+            level, catalogued, _meaning = tj_logging.EVENTS["jobs.heartbeat.retry"]
+            assert record.levelname.lower() == level
+            assert set(tj_logging.fields_of(record)) == set(catalogued)
+        assert not events_named(caplog, "jobs.heartbeat.failed")
