@@ -362,10 +362,17 @@ class LeaseStore(Protocol):
     A lease is renewed by the holder's heartbeat and released by its settle; one
     that is not renewed expires after ``ttl``.
 
-    ``wakes_waiters`` (optional, default ``False``): every release of a slot
-    (settle, reap, cancel, :meth:`release`) makes the first run waiting on its
-    key due at once (see ``NackOptions.busy_key``). The worker then hands a
-    busy run back for a visibility timeout instead of a poll interval."""
+    Declared capability (read as a plain attribute, never probed):
+    :attr:`wakes_waiters`."""
+
+    @property
+    def wakes_waiters(self) -> bool:
+        """Whether every release of a slot (settle, reap, cancel, :meth:`release`)
+        makes the first run waiting on its key due at once (see
+        ``NackOptions.busy_key``); the worker then hands a busy run back for a
+        visibility timeout instead of a poll interval. A store that cannot
+        answers ``False`` (the default to declare)."""
+        ...
 
     async def acquire(
         self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
@@ -546,10 +553,28 @@ class JobIntrospection(Protocol):
 @runtime_checkable
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
-    are ``None`` when the driver lacks them: ``leases``, ``introspect``."""
+    are ``None`` when the driver lacks them: ``leases``, ``introspect``, ``wake``.
+    Declared capabilities are plain attributes every driver provides (the worker
+    reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
+    ``LeaseStore.wakes_waiters`` and ``WakeSource.live``."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once :meth:`close` ran (``False`` when built and after
+        :meth:`open`): a write that fails on a closed driver is final, never
+        retried."""
+        ...
+
+    @property
+    def event_poll_default(self) -> float:
+        """Seconds between a waiting run's re-checks for its event when the job
+        declares no ``event_poll``. ``30.0`` is the default to declare; a driver
+        whose publish makes its waiters due at once may declare a longer backstop
+        (PostgreSQL: ``900.0``)."""
+        ...
 
     @property
     def steps(self) -> StepStore: ...
@@ -625,10 +650,14 @@ class DriverTransaction(Protocol):
 class WakeSource(Protocol):
     """A push hook: a driver that can announce new work offers one.
 
-    ``live`` is ``True`` once the wake is proven to deliver (the worker then idles
-    up to 5 s between polls instead of 2 s); polling stays the guarantee."""
+    Declared capability (read as a plain attribute, never probed): :attr:`live`."""
 
-    live: bool
+    @property
+    def live(self) -> bool:
+        """``True`` once the wake is proven to deliver (the worker then idles up
+        to 5 s between polls instead of 2 s); ``False`` (the default to declare)
+        until then. Polling stays the guarantee."""
+        ...
 
     async def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout.

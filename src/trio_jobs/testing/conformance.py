@@ -135,7 +135,7 @@ def _leases(driver: JobDriver) -> Any:
 
 def _waking(driver: JobDriver) -> Any:
     leases = _leases(driver)
-    if not getattr(leases, "wakes_waiters", False):
+    if not leases.wakes_waiters:
         pytest.skip(f"the {driver.name} driver's lease store does not wake waiting runs")
     return leases
 
@@ -148,6 +148,25 @@ def _busy(job: Any, key: str) -> NackOptions:
 
 class DriverConformance:
     """Every rule of the driver protocol. Subclass it and provide ``target``."""
+
+    # ------------------------------------------------------------------ capabilities
+
+    async def test_declared_capabilities_are_present_with_their_types(self, target: Target) -> None:
+        """Every capability the protocol declares is a plain attribute (the worker
+        reads it, never probes it): ``closed``, ``event_poll_default``, the lease
+        store's ``wakes_waiters`` and the wake's ``live``."""
+        driver = target.driver
+        assert isinstance(driver.name, str)
+        assert driver.name
+        assert type(driver.closed) is bool
+        assert driver.closed is False  # the target is open
+        assert isinstance(driver.event_poll_default, int | float)
+        assert not isinstance(driver.event_poll_default, bool)
+        assert 0 < driver.event_poll_default < math.inf
+        if driver.leases is not None:
+            assert type(driver.leases.wakes_waiters) is bool
+        if driver.wake is not None:
+            assert type(driver.wake.live) is bool
 
     # ------------------------------------------------------------------ enqueue
 

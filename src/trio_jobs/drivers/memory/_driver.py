@@ -173,6 +173,9 @@ class MemoryDriver:
     """The in-process driver. See :func:`memory_driver`."""
 
     name = "memory"
+    #: How often a waiting run re-checks for its event when the job declares no
+    #: ``event_poll`` (the protocol's default).
+    event_poll_default = 30.0
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else TrioClock()
