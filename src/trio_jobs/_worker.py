@@ -51,6 +51,7 @@ from .drivers._protocol import (
     Exhausted,
     HeartbeatRequest,
     HeartbeatStatus,
+    JobDriver,
     NackOptions,
     StepRecord,
     WorkerInfo,
@@ -339,7 +340,8 @@ class Worker:
         return IDLE_POLL_MAX_PROVEN if wake is not None and wake.live else IDLE_POLL_MAX
 
     @property
-    def driver(self) -> Any:
+    def driver(self) -> JobDriver:
+        """The driver this worker claims from: its facade's."""
         return self.jobs.driver
 
     def _check_capabilities(self) -> None:
