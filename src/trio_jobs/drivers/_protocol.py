@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from ..errors import ErrorCode, JobsError
+
 __all__ = [
     "AckOptions",
     "BulkFilter",
@@ -457,27 +459,54 @@ class JobPage:
     before: str | None = None
 
 
+def _check_state(_inst: object, _attr: attrs.Attribute[Any], state: str | None) -> None:
+    if state is not None and state not in ALL_STATES:
+        raise JobsError(ErrorCode.X_INVARIANT, f"state must be one of {ALL_STATES}")
+
+
+def _check_limit(_inst: object, _attr: attrs.Attribute[Any], limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_JOB_PAGE:
+        raise JobsError(
+            ErrorCode.X_JOB_PAGE_INVALID,
+            f"limit must be between 1 and {MAX_JOB_PAGE}; page with .after for more",
+        )
+
+
+def _check_cursors(inst: ListFilter, _attr: attrs.Attribute[Any], before: str | None) -> None:
+    if before is not None and inst.after is not None:
+        raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
+
+
 @attrs.frozen
 class ListFilter:
-    """What ``list`` filters on, and the page it asks for."""
+    """What ``list`` filters on, and the page it asks for.
+
+    Validated once, where it is built (every layer after it trusts it): a
+    ``state`` outside :data:`ALL_STATES` or both ``after`` and ``before`` is
+    ``X_INVARIANT``; a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
+    ``X_JOB_PAGE_INVALID``. (A cursor that does not decode is the driver's
+    ``X_JOB_PAGE_INVALID``.)"""
 
     queue: str | None = None
     name: str | None = None
-    state: str | None = None
+    state: str | None = attrs.field(default=None, validator=_check_state)
     tenant_id: str | None = None
     id_prefix: str | None = None
     created_from: float | None = None
     created_to: float | None = None
-    limit: int = 50
+    limit: int = attrs.field(default=50, validator=_check_limit)
     after: str | None = None
-    before: str | None = None
+    before: str | None = attrs.field(default=None, validator=_check_cursors)
 
 
 @attrs.frozen
 class BulkFilter:
-    """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches."""
+    """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches.
 
-    state: str
+    Validated where it is built: a ``state`` outside :data:`ALL_STATES` is
+    ``X_INVARIANT``."""
+
+    state: str = attrs.field(validator=_check_state)
     queue: str | None = None
     name: str | None = None
     tenant_id: str | None = None
