@@ -814,9 +814,9 @@ class DriverConformance:
         intro = _intro(target.driver)
         # The limit and the pair of cursors are refused where the filter is built
         # (ListFilter's validators); a cursor that does not decode, by the driver.
-        for kw in ({"limit": 0}, {"limit": 201}):
+        for limit in (0, 201):
             with pytest.raises(JobsError) as err:
-                ListFilter(**kw)
+                ListFilter(limit=limit)
             assert err.value.code == "X_JOB_PAGE_INVALID"
         with pytest.raises(JobsError) as err:
             await intro.list(ListFilter(after="not-a-cursor"))
