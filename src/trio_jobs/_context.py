@@ -231,7 +231,7 @@ class RunState:
     def _gone(self) -> bool:
         """Whether retrying this run's writes is pointless: the lease is lost as the
         worker knows it, or the driver closed."""
-        return self.lost or bool(getattr(self.driver, "closed", False))
+        return self.lost or self.driver.closed
 
     def _about(self, step: str) -> Callable[[], tuple[str, str, dict[str, Any]]]:
         claimed = self.claimed

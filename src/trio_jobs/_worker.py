@@ -51,6 +51,7 @@ from .drivers._protocol import (
     Exhausted,
     HeartbeatRequest,
     HeartbeatStatus,
+    JobDriver,
     NackOptions,
     StepRecord,
     WorkerInfo,
@@ -336,14 +337,11 @@ class Worker:
         if self._idle_poll_max_set is not None:
             return self._idle_poll_max_set
         wake = self.driver.wake
-        return (
-            IDLE_POLL_MAX_PROVEN
-            if wake is not None and getattr(wake, "live", False)
-            else IDLE_POLL_MAX
-        )
+        return IDLE_POLL_MAX_PROVEN if wake is not None and wake.live else IDLE_POLL_MAX
 
     @property
-    def driver(self) -> Any:
+    def driver(self) -> JobDriver:
+        """The driver this worker claims from: its facade's."""
         return self.jobs.driver
 
     def _check_capabilities(self) -> None:
@@ -584,7 +582,7 @@ class Worker:
         if next_due is None:
             return delay
         wake = self.driver.wake
-        if wake is None or not getattr(wake, "live", False):
+        if wake is None or not wake.live:
             return delay
         if next_due <= self.driver.now():
             return delay  # due, yet not claimed (a paused queue): keep backing off
@@ -906,7 +904,7 @@ class Worker:
             steps=steps,
             unwinding=unwinding,
             boundary=self._boundary,
-            event_poll=self.event_poll or float(getattr(self.driver, "event_poll_default", 30.0)),
+            event_poll=self.event_poll or self.driver.event_poll_default,
         )
         state.on_progress = self._progress_marked
         state.traced = held.traced
@@ -1037,7 +1035,7 @@ class Worker:
         # so it waits up to a visibility timeout (the bound for a wake that never
         # comes: a holder whose lease ran out with no settle or reap); otherwise
         # it is tried again a poll later.
-        woken = not grant.own and getattr(leases, "wakes_waiters", False)
+        woken = not grant.own and leases.wakes_waiters
         await self._nack(
             held,
             NackOptions(
@@ -1169,7 +1167,7 @@ class Worker:
         driver = self.driver
 
         def gone() -> bool:
-            if getattr(driver, "closed", False):
+            if driver.closed:
                 return True
             if held is None:
                 return False

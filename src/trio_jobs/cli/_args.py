@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from .._declare import _QUEUE_RE
-from ..drivers._protocol import MAX_JOB_PAGE
+from ..drivers._protocol import MAX_JOB_PAGE, ListFilter
 from ..errors import ErrorCode, JobsError
 
 __all__ = [
@@ -134,18 +134,22 @@ def check_reason(reason: str) -> None:
         )
 
 
+#: ``ListFilter``'s refusals of a page, said in terms of the flags.
+_PAGE_WORDING: dict[str, str] = {
+    ErrorCode.X_INVARIANT: "pass --after (the older page) or --before (the newer one), not both",
+    ErrorCode.X_JOB_PAGE_INVALID: (
+        f"--limit is 1 to {MAX_JOB_PAGE} rows; page with the --after cursor for more"
+    ),
+}
+
+
 def check_page(limit: int, after: str | None, before: str | None) -> None:
-    """``list``'s page, with the codes the driver would answer."""
-    if after is not None and before is not None:
-        raise JobsError(
-            ErrorCode.X_INVARIANT,
-            "pass --after (the older page) or --before (the newer one), not both",
-        )
-    if not 1 <= limit <= MAX_JOB_PAGE:
-        raise JobsError(
-            ErrorCode.X_JOB_PAGE_INVALID,
-            f"--limit is 1 to {MAX_JOB_PAGE} rows; page with the --after cursor for more",
-        )
+    """``list``'s page, refused by ``ListFilter``'s own validation (the codes the
+    driver would answer) and worded for the flags."""
+    try:
+        ListFilter(limit=limit, after=after, before=before)
+    except JobsError as exc:
+        raise JobsError(exc.code, _PAGE_WORDING.get(exc.code, exc.message)) from None
 
 
 def check_port(port: int, flag: str = "--port") -> None:

@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from ..errors import ErrorCode, JobsError
+
 __all__ = [
     "AckOptions",
     "BulkFilter",
@@ -362,10 +364,17 @@ class LeaseStore(Protocol):
     A lease is renewed by the holder's heartbeat and released by its settle; one
     that is not renewed expires after ``ttl``.
 
-    ``wakes_waiters`` (optional, default ``False``): every release of a slot
-    (settle, reap, cancel, :meth:`release`) makes the first run waiting on its
-    key due at once (see ``NackOptions.busy_key``). The worker then hands a
-    busy run back for a visibility timeout instead of a poll interval."""
+    Declared capability (read as a plain attribute, never probed):
+    :attr:`wakes_waiters`."""
+
+    @property
+    def wakes_waiters(self) -> bool:
+        """Whether every release of a slot (settle, reap, cancel, :meth:`release`)
+        makes the first run waiting on its key due at once (see
+        ``NackOptions.busy_key``); the worker then hands a busy run back for a
+        visibility timeout instead of a poll interval. A store that cannot
+        answers ``False`` (the default to declare)."""
+        ...
 
     async def acquire(
         self, lease_key: str, limit: int, job_id: str, fence: Fence, ttl: float
@@ -450,27 +459,54 @@ class JobPage:
     before: str | None = None
 
 
+def _check_state(_inst: object, _attr: attrs.Attribute[Any], state: str | None) -> None:
+    if state is not None and state not in ALL_STATES:
+        raise JobsError(ErrorCode.X_INVARIANT, f"state must be one of {ALL_STATES}")
+
+
+def _check_limit(_inst: object, _attr: attrs.Attribute[Any], limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_JOB_PAGE:
+        raise JobsError(
+            ErrorCode.X_JOB_PAGE_INVALID,
+            f"limit must be between 1 and {MAX_JOB_PAGE}; page with .after for more",
+        )
+
+
+def _check_cursors(inst: ListFilter, _attr: attrs.Attribute[Any], before: str | None) -> None:
+    if before is not None and inst.after is not None:
+        raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
+
+
 @attrs.frozen
 class ListFilter:
-    """What ``list`` filters on, and the page it asks for."""
+    """What ``list`` filters on, and the page it asks for.
+
+    Validated once, where it is built (every layer after it trusts it): a
+    ``state`` outside :data:`ALL_STATES` or both ``after`` and ``before`` is
+    ``X_INVARIANT``; a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
+    ``X_JOB_PAGE_INVALID``. (A cursor that does not decode is the driver's
+    ``X_JOB_PAGE_INVALID``.)"""
 
     queue: str | None = None
     name: str | None = None
-    state: str | None = None
+    state: str | None = attrs.field(default=None, validator=_check_state)
     tenant_id: str | None = None
     id_prefix: str | None = None
     created_from: float | None = None
     created_to: float | None = None
-    limit: int = 50
+    limit: int = attrs.field(default=50, validator=_check_limit)
     after: str | None = None
-    before: str | None = None
+    before: str | None = attrs.field(default=None, validator=_check_cursors)
 
 
 @attrs.frozen
 class BulkFilter:
-    """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches."""
+    """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches.
 
-    state: str
+    Validated where it is built: a ``state`` outside :data:`ALL_STATES` is
+    ``X_INVARIANT``."""
+
+    state: str = attrs.field(validator=_check_state)
     queue: str | None = None
     name: str | None = None
     tenant_id: str | None = None
@@ -546,10 +582,28 @@ class JobIntrospection(Protocol):
 @runtime_checkable
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
-    are ``None`` when the driver lacks them: ``leases``, ``introspect``."""
+    are ``None`` when the driver lacks them: ``leases``, ``introspect``, ``wake``.
+    Declared capabilities are plain attributes every driver provides (the worker
+    reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
+    ``LeaseStore.wakes_waiters`` and ``WakeSource.live``."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once :meth:`close` ran (``False`` when built and after
+        :meth:`open`): a write that fails on a closed driver is final, never
+        retried."""
+        ...
+
+    @property
+    def event_poll_default(self) -> float:
+        """Seconds between a waiting run's re-checks for its event when the job
+        declares no ``event_poll``. ``30.0`` is the default to declare; a driver
+        whose publish makes its waiters due at once may declare a longer backstop
+        (PostgreSQL: ``900.0``)."""
+        ...
 
     @property
     def steps(self) -> StepStore: ...
@@ -625,10 +679,14 @@ class DriverTransaction(Protocol):
 class WakeSource(Protocol):
     """A push hook: a driver that can announce new work offers one.
 
-    ``live`` is ``True`` once the wake is proven to deliver (the worker then idles
-    up to 5 s between polls instead of 2 s); polling stays the guarantee."""
+    Declared capability (read as a plain attribute, never probed): :attr:`live`."""
 
-    live: bool
+    @property
+    def live(self) -> bool:
+        """``True`` once the wake is proven to deliver (the worker then idles up
+        to 5 s between polls instead of 2 s); ``False`` (the default to declare)
+        until then. Polling stays the guarantee."""
+        ...
 
     async def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """Return ``True`` when work may have arrived on ``queues``, ``False`` on timeout.

@@ -465,6 +465,8 @@ class _SimDriver:
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
+        #: Never closed under the simulation: a crashed worker raises ``Killed``.
+        self.closed = False
         self._arbiter = sim.arbiter
         faults = sim.faults
         #: The app enqueueing is not a worker: no faults there.
@@ -651,7 +653,8 @@ class _SimWake:
         # What the memory wake says (proven). Under ``lost_wakeups`` the worker
         # still believes it: a wake that stops delivering unannounced is the
         # fault, and the idle poll ceiling must carry the load.
-        return bool(getattr(self._owner._d.wake, "live", False))
+        wake = self._owner._d.wake
+        return wake is not None and wake.live
 
     async def wait(self, queues: Sequence[str], timeout: float) -> bool:
         if self._owner.dead:
@@ -945,7 +948,7 @@ async def _simulate(
         skew = own.uniform(-faults.skew, faults.skew) if faults.skew else 0.0
         restart = own.uniform(1.0, SIM_VT)
         proxy = _SimDriver(sim, f"{label}.{gen}", skew)
-        facade = Jobs(proxy, list(jobs), ids=ids)  # type: ignore[arg-type]
+        facade = Jobs(proxy, list(jobs), ids=ids)
         options = {
             "visibility_timeout": SIM_VT,
             "poll_interval": 0.25,
@@ -1017,7 +1020,7 @@ async def _simulate(
                 async with trio.open_nursery() as nursery:
                     inner.append(nursery.cancel_scope)
                     scenario_driver = _SimDriver(sim, "scenario", 0.0)
-                    scenario_facade = Jobs(scenario_driver, list(jobs), ids=ids)  # type: ignore[arg-type]
+                    scenario_facade = Jobs(scenario_driver, list(jobs), ids=ids)
                     token = _ambient.facade_var.set(scenario_facade)
                     try:
                         if callable(scenario):

@@ -219,6 +219,9 @@ class RedisDriver:
     """The Redis driver. See :func:`~trio_jobs.drivers.redis.redis_driver`."""
 
     name = "redis"
+    #: How often a waiting run re-checks for its event when the job declares no
+    #: ``event_poll`` (the protocol's default).
+    event_poll_default = 30.0
 
     def __init__(
         self,
