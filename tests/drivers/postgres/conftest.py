@@ -18,6 +18,8 @@ import trio
 from trio_jobs.drivers import EnqueueRequest
 from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
 
+from .cluster import Cluster, binaries_missing
+
 pytestmark = pytest.mark.postgres
 
 
@@ -30,6 +32,18 @@ def pg_dsn() -> str:
     from trio_jobs.drivers.postgres import embedded_dsn
 
     return trio.run(embedded_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A throwaway cluster of this session's own (``cluster.py``): a test reads its
+    log, restarts it, or changes its settings without touching ``pg_dsn``'s server.
+    Its deadlock_timeout is 100 ms, so a deadlock is reported (and logged) fast."""
+    missing = binaries_missing()
+    if missing is not None:
+        pytest.skip(f"no throwaway PostgreSQL cluster: {missing}")
+    with Cluster(settings={"deadlock_timeout": "100ms"}) as cluster:
+        yield cluster
 
 
 @pytest.fixture

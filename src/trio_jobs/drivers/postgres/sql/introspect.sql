@@ -1,6 +1,10 @@
 -- The operator surface: show, list, requeue, cancel, remove, promote, pauses,
 -- workers, counters. Not a hot path: clarity over statement count, but every
 -- call is still one statement or one transaction.
+--
+-- One lock order (as in queue.sql): a single-row action locks its row first
+-- (show_for_update); a bulk one locks its rows in id order, in a `locked` CTE
+-- its write joins, or takes them SKIP LOCKED (remove_many), which never waits.
 
 -- name: show
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -112,6 +116,7 @@ freed AS (
 SELECT count(*) FROM gone;
 
 -- name: remove_many
+-- SKIP LOCKED: never waits for a row, so needs no lock order.
 WITH matched AS (
     SELECT id FROM trio_jobs_jobs
     WHERE state = %(state)s
@@ -161,11 +166,19 @@ movable AS (
 chosen AS (
     SELECT id FROM movable ORDER BY created_at, id LIMIT %(bound)s
 ),
+-- Locked in id order, the only rows written; a row that left the state since
+-- the statement began (requeued, removed by another call) is left alone.
+locked AS MATERIALIZED (
+    SELECT j.id FROM trio_jobs_jobs j JOIN chosen c ON c.id = j.id
+    WHERE j.state = %(state)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
 moved AS (
     UPDATE trio_jobs_jobs j SET state = 'ready', attempts = 0, run_at = n.now,
         error_code = NULL, last_error = NULL, result = NULL, updated_at = n.now
-    FROM chosen c, n
-    WHERE j.id = c.id
+    FROM locked l, n
+    WHERE j.id = l.id
     RETURNING j.id, j.queue
 )
 SELECT count(*), array_agg(DISTINCT queue) FROM moved;
@@ -205,10 +218,19 @@ chosen AS (
     SELECT j.id FROM trio_jobs_jobs j JOIN matched m ON m.id = j.id
     ORDER BY j.created_at, j.id LIMIT %(bound)s
 ),
+-- Locked in id order, the only rows written; a row no longer promotable (claimed,
+-- promoted by another call) is left alone.
+locked AS MATERIALIZED (
+    SELECT j.id FROM trio_jobs_jobs j JOIN chosen c ON c.id = j.id
+    WHERE j.state = %(state)s
+      AND (j.state = 'delayed' OR (j.state = 'ready' AND j.run_at > (SELECT now FROM n)))
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
 moved AS (
     UPDATE trio_jobs_jobs j SET run_at = n.now, state = 'ready', promoted = true,
         updated_at = n.now
-    FROM chosen c, n WHERE j.id = c.id
+    FROM locked l, n WHERE j.id = l.id
     RETURNING j.queue
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM matched),

@@ -3,6 +3,16 @@
 -- Every query is one statement (one round trip, atomic by itself). `%(now)s` is
 -- NULL in production (the database's clock) and a float only under a test clock.
 -- Each named query starts at a `-- name:` line and runs to the next one.
+--
+-- One lock order (docs/explanation/design-choices.md): a statement that may wait
+-- for several job rows locks them in id order, in a `locked` CTE whose lock sits
+-- above its sort, and its write joins only `locked`, so it writes no row it did
+-- not lock in that order. Counter rows come after every job row (an aggregate
+-- reads them all first), in (bucket, name) order. A job's lease and step rows
+-- are written only under its row's lock, so they follow it. SKIP LOCKED never
+-- waits, and so needs no order; nor does trio_jobs_wake_waiter, which fires at
+-- the end of a statement that deleted lease rows and takes one waiter row each
+-- time, SKIP LOCKED.
 
 -- name: enqueue_many
 -- Up to 1,000 requests in one statement, sent as one JSON array (`rows`): one
@@ -112,7 +122,8 @@ SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
 -- the `drop` names) and answered as `exhausted`; otherwise it is offered again,
 -- due at its lapse, and may be taken by this very pass. A reaped row's
 -- concurrency leases are released; burials move the counters. Each claimed
--- row carries its step records.
+-- row carries its step records. Every job row it locks is taken SKIP LOCKED:
+-- the claim never waits for one, so their order does not matter.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 want AS (
     SELECT w.queue, w.take, w.ord
@@ -202,6 +213,7 @@ counted AS (
     SELECT floor(b.now / 60) * 60, b.name,
         count(*) FILTER (WHERE b.state = 'dead'), count(*) FILTER (WHERE b.state = 'failed')
     FROM buried b GROUP BY 1, 2
+    ORDER BY 1, 2
     ON CONFLICT (bucket, name) DO UPDATE
         SET dead = c.dead + excluded.dead, failed = c.failed + excluded.failed
 ),
@@ -259,14 +271,23 @@ input AS (
         ord int, id uuid, worker_id text, claim int8, result text, progress text,
         duration float8, again boolean)
 ),
+-- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
+locked AS MATERIALIZED (
+    SELECT j.id, i.ord, i.result, i.progress, i.duration
+    FROM input i
+    JOIN trio_jobs_jobs j ON j.id = i.id
+    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
+      AND j.lease_expires_at > (SELECT now FROM n)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
 hit AS (
     UPDATE trio_jobs_jobs j SET
-        state = 'done', result = i.result::json, worker_id = NULL,
-        updated_at = n.now, progress = coalesce(i.progress::json, j.progress)
-    FROM input i, n
-    WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
-      AND j.claim = i.claim AND j.lease_expires_at > n.now
-    RETURNING j.id, j.name, j.queue, i.ord, i.duration, n.now
+        state = 'done', result = l.result::json, worker_id = NULL,
+        updated_at = n.now, progress = coalesce(l.progress::json, j.progress)
+    FROM locked l, n
+    WHERE j.id = l.id
+    RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now
 ),
 -- One index lookup per flagged input, none for the others (a scalar subquery,
 -- not a join: the planner cannot turn it into a scan of the jobs table). The
@@ -289,6 +310,7 @@ counted AS (
     INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration)
     SELECT floor(hit.now / 60) * 60, hit.name, count(*), coalesce(sum(hit.duration), 0)
     FROM hit GROUP BY 1, 2
+    ORDER BY 1, 2
     ON CONFLICT (bucket, name) DO UPDATE
         SET done = c.done + excluded.done, duration = c.duration + excluded.duration
 )
@@ -307,6 +329,7 @@ SELECT ord, NULL FROM again;
 -- `busy_key` (a busy-key hand-back): while a live slot of that key is held the
 -- row waits on it (a release makes it due: trio_jobs_wake_waiter); a key that
 -- came free since the busy acquire makes it due at once.
+-- One job row, then its leases, then one counter row: nothing to order.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 busy AS (
     SELECT EXISTS (
@@ -372,13 +395,22 @@ input AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[],
         %(progress)s::text[]) WITH ORDINALITY AS t(id, worker_id, claim, progress, ord)
 ),
+-- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
+locked AS MATERIALIZED (
+    SELECT j.id, i.progress
+    FROM input i
+    JOIN trio_jobs_jobs j ON j.id = i.id
+    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
+      AND j.lease_expires_at > (SELECT now FROM n)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
 renewed AS (
     UPDATE trio_jobs_jobs j SET
         lease_expires_at = n.now + %(visibility)s,
-        progress = coalesce(i.progress::json, j.progress)
-    FROM input i, n
-    WHERE j.id = i.id AND j.state = 'running' AND j.worker_id = i.worker_id
-      AND j.claim = i.claim AND j.lease_expires_at > n.now
+        progress = coalesce(l.progress::json, j.progress)
+    FROM locked l, n
+    WHERE j.id = l.id
     RETURNING j.id, j.worker_id, j.claim
 ),
 leases AS (

@@ -6,7 +6,9 @@
 -- Up to `limit` expired terminal rows, oldest first, with their step records
 -- and any lease row left behind, in one statement. The rows are locked (SKIP
 -- LOCKED: a requeue holding one keeps it) and the DELETE tests the state again,
--- so a row moved back to live between the pick and the delete stays.
+-- so a row moved back to live between the pick and the delete stays. SKIP
+-- LOCKED never waits for a row, so the purge needs no lock order; the step and
+-- lease rows it deletes belong to rows it holds.
 WITH doomed AS (
     SELECT j.id FROM trio_jobs_jobs j
     WHERE j.state IN ('done', 'failed', 'dead', 'cancelled')

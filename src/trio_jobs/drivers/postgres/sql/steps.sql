@@ -27,11 +27,14 @@ input AS (
         executions int, output text, error text, error_code text, wake_at float8,
         event text, since float8, deadline float8)
 ),
-owned AS (
+-- The share locks are taken in id order (one lock order: a heartbeat or a
+-- settle of the same rows locks them in that order too).
+owned AS MATERIALIZED (
     SELECT i.* FROM input i
     JOIN trio_jobs_jobs j ON j.id = i.job_id
     WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
       AND j.lease_expires_at > (SELECT now FROM n)
+    ORDER BY j.id
     FOR SHARE OF j
 ),
 put AS (
@@ -49,17 +52,25 @@ SELECT o.ord FROM owned o;
 
 -- name: publish
 -- Store an event and make every run suspended on it due now; announce their
--- queues in the same statement.
+-- queues in the same statement. The runs are locked in id order, the only rows
+-- written (one lock order): two publishes of one event wake the same rows.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 ev AS (
     INSERT INTO trio_jobs_events (name, payload, published_at)
     SELECT %(name)s, %(payload)s::json, n.now FROM n
     RETURNING id
 ),
+locked AS MATERIALIZED (
+    SELECT j.id FROM trio_jobs_jobs j
+    WHERE j.state = 'suspended' AND j.waiting_event = %(name)s
+      AND j.run_at > (SELECT now FROM n)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
 woken AS (
     UPDATE trio_jobs_jobs j SET run_at = n.now
-    FROM n
-    WHERE j.state = 'suspended' AND j.waiting_event = %(name)s AND j.run_at > n.now
+    FROM locked l, n
+    WHERE j.id = l.id
     RETURNING j.queue
 ),
 notified AS (
