@@ -176,9 +176,23 @@ class RunState:
         #: Called when the body reports progress (the worker's progress writer).
         self.on_progress: Callable[[], None] | None = None
         self.progress_written_at = -math.inf
-        self.lost = False
+        self._lost = False
+        #: Told when a fenced write finds the lease gone (the worker's attempt).
+        self.on_lost: Callable[[], None] | None = None
         #: Whether this attempt records spans (``_tracing.recording()``, asked once).
         self.traced = False
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease is gone as this run knows it: a fenced write was
+        refused, or the worker found it lost."""
+        return self._lost
+
+    @lost.setter
+    def lost(self, value: bool) -> None:
+        self._lost = value
+        if value and self.on_lost is not None:
+            self.on_lost()
 
     # ------------------------------------------------------------------ writes
 

@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from . import _ambient, _observe, _planted, _tracing
+from ._attempt import Attempt, Phase
 from ._context import (
     COMPENSATE_PREFIX,
     RESERVED_STEP,
@@ -88,55 +89,6 @@ class WorkerStats:
     #: Runs handed back uncounted because the library's own statements for them
     #: met an infrastructure fault (a lost connection, a deadlock) past its retries.
     faulted: int = 0
-
-
-class _Held:
-    __slots__ = (
-        "abandoned",
-        "abort_at",
-        "claimed",
-        "handle",
-        "last_landed",
-        "lost",
-        "lost_while_settling",
-        "outcome",
-        "pending",
-        "settled",
-        "settling",
-        "state",
-        "traced",
-    )
-
-    def __init__(self, claimed: ClaimedJob, now: float) -> None:
-        self.claimed = claimed
-        self.traced = False
-        self.state: RunState | None = None
-        self.abort_at: float | None = None
-        self.abandoned = False
-        self.lost = False
-        # Its settle landed: the row is no longer this slot's to renew (on_settled may
-        # still be running in it).
-        self.settled = False
-        # A settle is in flight: a heartbeat's `lost` may only mean it landed.
-        self.settling = False
-        self.lost_while_settling = False
-        self.last_landed = now
-        self.handle: Job[Any, Any] | None = None
-        # An abort that came before the run state existed; applied when it does.
-        self.pending: tuple[ErrorCode, str] | None = None
-        # How the attempt ended (an outcome of _observe.OUTCOMES, its code): the
-        # slot stamps it on the attempt's span.
-        self.outcome: tuple[str, str | None] | None = None
-
-    def abort(self, code: ErrorCode, message: str) -> None:
-        if self.state is not None:
-            if self.state.signal.abort(code, message) and self.abort_at is None:
-                self.abort_at = trio.current_time()
-        else:
-            if self.pending is None:
-                self.pending = (code, message)
-            if self.abort_at is None:
-                self.abort_at = trio.current_time()
 
 
 def _claim_key(claimed: ClaimedJob) -> tuple[str, int]:
@@ -284,7 +236,7 @@ class Worker:
         self._boundary = boundary
         # Keyed by claim, not by job id: after a lease lapses the same worker may
         # claim the job again while the stale slot is still unwinding.
-        self._held: dict[tuple[str, int], _Held] = {}
+        self._held: dict[tuple[str, int], Attempt] = {}
         self._progress_wanted = trio.Event()
         self._in_flight: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._rotation = 0
@@ -317,6 +269,9 @@ class Worker:
         )
         self._started_at = 0.0
         self._observer = _observe.guarded(observer)
+        #: Told of every attempt's move before it is checked (the simulation
+        #: fails on an illegal one); None in production.
+        self._on_move: Callable[[Attempt, Phase, Phase], None] | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -383,8 +338,8 @@ class Worker:
             for held in list(self._held.values()):
                 # A settle in flight (retrying an outage, within its budget) is not a
                 # body still running: its own answer names how the run ended.
-                if not held.abandoned and not held.settled and not held.settling:
-                    held.abandoned = True
+                if held.phase not in (Phase.ABANDONED, Phase.SETTLED, Phase.SETTLING):
+                    held.move(Phase.ABANDONED)
                     self._count("abandoned", held)
                     _log(
                         logging.WARNING,
@@ -517,7 +472,7 @@ class Worker:
             now = trio.current_time()
             got = dict.fromkeys(want, 0)
             for claimed in result.jobs:
-                held = _Held(claimed, now)
+                held = Attempt(claimed, now, self._on_move)
                 if self._draining:
                     # Claimed by a statement that was in flight when the drain began:
                     # hand it straight back, uncounted.
@@ -633,11 +588,11 @@ class Worker:
                 self._check_windows()
             await self._beat(progress_only=False)
 
-    def _window_close(self, held: _Held) -> float:
+    def _window_close(self, held: Attempt) -> float:
         return held.last_landed + self.visibility_timeout
 
-    def _watched(self) -> list[_Held]:
-        return [h for h in self._held.values() if not h.abandoned and not h.lost and not h.settled]
+    def _watched(self) -> list[Attempt]:
+        return [h for h in self._held.values() if h.watched]
 
     def _next_window_close(self) -> float:
         return min((self._window_close(h) for h in self._watched()), default=math.inf)
@@ -692,12 +647,16 @@ class Worker:
 
     async def _beat(self, *, progress_only: bool) -> None:
         now = trio.current_time()
-        batch: list[_Held] = []
+        batch: list[Attempt] = []
         for held in list(self._held.values()):
-            if held.abandoned or held.settled:
+            if held.phase in (Phase.ABANDONED, Phase.SETTLED):
                 continue
             state = held.state
-            if state is not None and state.signal.reason is not None and not held.settling:
+            if (
+                state is not None
+                and state.signal.reason is not None
+                and held.phase is not Phase.SETTLING
+            ):
                 # (A settle in flight is renewed: the body has ended, and the settle
                 # may be retrying an outage within its budget.)
                 if held.abort_at is None:
@@ -705,7 +664,7 @@ class Worker:
                 if now - held.abort_at >= self.drain_timeout:
                     # The body ignores its abort: stop renewing so the lease lapses
                     # and the queue redelivers the job (the attempt is counted).
-                    held.abandoned = True
+                    held.move(Phase.ABANDONED)
                     self._count("abandoned", held)
                     continue
             if progress_only and not _progress_due(state, now):
@@ -734,7 +693,7 @@ class Worker:
                 statuses = await write_retrying(
                     lambda: self.driver.heartbeat(requests, self.visibility_timeout),
                     deadline=scope.deadline,
-                    gone=lambda: bool(getattr(self.driver, "closed", False)),
+                    gone=lambda: self.driver.closed,
                     about=lambda: (
                         f"heartbeat:{self.id}",
                         "jobs.heartbeat.retry",
@@ -761,7 +720,9 @@ class Worker:
                     worker_id=self.id,
                     cause=cause,
                 )
-                if not held.settled and trio.current_time() >= self._window_close(held):
+                if held.phase is not Phase.SETTLED and trio.current_time() >= self._window_close(
+                    held
+                ):
                     self._lease_lost(held)
             return
         landed = trio.current_time()
@@ -770,9 +731,9 @@ class Worker:
                 held.last_landed = landed
             elif status == HeartbeatStatus.CANCELLED:
                 held.abort(ErrorCode.X_ABORTED, "an operator cancelled the job")
-            elif held.settled:
-                pass  # this worker settled the row while the renewal was in flight
-            elif held.settling:
+            elif held.phase in (Phase.SETTLED, Phase.ABANDONED):
+                pass  # settled while the renewal was in flight, or left to lapse
+            elif held.phase is Phase.SETTLING:
                 # This worker's settle of the row is in flight and may have just
                 # landed (the row is then no longer running): the settle's own
                 # answer decides, in _settle_write.
@@ -780,14 +741,13 @@ class Worker:
             else:
                 self._lease_lost(held)
 
-    def _lease_lost(self, held: _Held) -> None:
-        if held.lost or (
+    def _lease_lost(self, held: Attempt) -> None:
+        if held.phase in (Phase.LOST, Phase.SETTLED) or (
             held.state is not None
             and held.state.signal.reason is not None
             and held.state.signal.reason.code == ErrorCode.X_JOB_LEASE_LOST
         ):
             return
-        held.lost = True
         self._count("leases_lost", held, ErrorCode.X_JOB_LEASE_LOST)
         _log(
             logging.ERROR,
@@ -801,12 +761,11 @@ class Worker:
         held.abort(
             ErrorCode.X_JOB_LEASE_LOST, "the job's lease lapsed: another worker may hold it now"
         )
-        if held.state is not None:
-            held.state.lost = True
+        held.lose()
 
     # ------------------------------------------------------------------ a slot
 
-    async def _slot(self, held: _Held) -> None:
+    async def _slot(self, held: Attempt) -> None:
         _ambient.role_var.set(f"job:{held.claimed.id}")
         claimed = held.claimed
         self._observer.slot_taken(claimed.queue, claimed.name)
@@ -840,7 +799,7 @@ class Worker:
             if not self._held and self._idle is not None:
                 self._idle.set()
 
-    async def _execute(self, held: _Held) -> None:
+    async def _execute(self, held: Attempt) -> None:
         claimed = held.claimed
         handle = self.jobs.handle(claimed.name)
         held.handle = handle
@@ -908,11 +867,8 @@ class Worker:
         )
         state.on_progress = self._progress_marked
         state.traced = held.traced
-        held.state = state
-        if held.pending is not None:
-            # Aborted (a drain, a lost lease) between the claim and now.
-            state.signal.abort(*held.pending)
-            state.lost = held.lost
+        # An abort between the claim and now (a drain, a lost lease) applies here.
+        held.attach(state)
         if unwinding:
             await self._unwind(held, handle, state, None)
             return
@@ -972,7 +928,6 @@ class Worker:
                 claimed, "ack", lambda: self.driver.ack(claimed.id, AckOptions(fence=claimed.fence))
             )
         if landed:
-            held.settled = True
             self._count("done", held)
             await self._on_settled(
                 handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
@@ -980,7 +935,7 @@ class Worker:
         else:
             self._unowned(held)
 
-    async def _take_lease(self, held: _Held, handle: Job[Any, Any], value: Any) -> bool:
+    async def _take_lease(self, held: Attempt, handle: Job[Any, Any], value: Any) -> bool:
         claimed = held.claimed
         try:
             ckey = handle.concurrency_key_for(value)
@@ -1020,7 +975,6 @@ class Worker:
                 claimed, "nack", lambda: self.driver.nack(claimed.id, busy), held
             )
             if landed:
-                held.settled = True
                 self._count("failed", held, ErrorCode.X_JOB_KEY_BUSY)
                 await self._on_settled(
                     handle,
@@ -1051,7 +1005,7 @@ class Worker:
         return False
 
     async def _guarded(
-        self, held: _Held, state: RunState, fn: Callable[[], Any]
+        self, held: Attempt, state: RunState, fn: Callable[[], Any]
     ) -> tuple[Any, BaseException | None, Handback | InfraFault | None]:
         """Run ``fn`` in the run's cancel scope with the ambient context set.
 
@@ -1063,6 +1017,7 @@ class Worker:
         result: Any = None
         exc: BaseException | None = None
         handback: Handback | InfraFault | None = None
+        held.start()
         tokens = (
             _ambient.run_var.set(state),
             _ambient.facade_var.set(self.jobs),
@@ -1096,7 +1051,7 @@ class Worker:
                         exc = found
         except trio.Cancelled:
             # The worker's own scope is going away: a drain with no budget.
-            state.signal.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
+            held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
             with _bounded_shield():
                 if not state.lost:
                     await self._nack(
@@ -1118,11 +1073,11 @@ class Worker:
         return result, exc, handback
 
     async def _aborted_verdict(
-        self, held: _Held, handle: Job[Any, Any], state: RunState, exc: BaseException | None
+        self, held: Attempt, handle: Job[Any, Any], state: RunState, exc: BaseException | None
     ) -> bool:
         """Settle a run whose signal aborted for a reason that is not a failure."""
         claimed = held.claimed
-        if held.abandoned:
+        if held.phase is Phase.ABANDONED:
             how = "returned" if exc is None else f"raised {type(exc).__name__}"
             _log(
                 logging.WARNING,
@@ -1160,18 +1115,23 @@ class Worker:
 
     # ------------------------------------------------------------------ settling
 
-    def _lease_gone(self, held: _Held | None) -> Callable[[], bool]:
+    def _lease_gone(self, held: Attempt | None) -> Callable[[], bool]:
         """Whether retrying a write for ``held`` is pointless: the driver closed, or
         the claim's lease is surely gone as this worker knows it (lost, or its
         window closed with no renewal landing: the database's lease ended earlier)."""
         driver = self.driver
+        lost_before = held is not None and held.phase is Phase.LOST
 
         def gone() -> bool:
             if driver.closed:
                 return True
             if held is None:
                 return False
-            return held.lost or trio.current_time() >= self._window_close(held)
+            return (
+                lost_before
+                or held.phase is Phase.LOST
+                or trio.current_time() >= self._window_close(held)
+            )
 
         return gone
 
@@ -1180,7 +1140,7 @@ class Worker:
         claimed: ClaimedJob,
         write: str,
         call: Callable[[], Awaitable[bool]],
-        held: _Held | None = None,
+        held: Attempt | None = None,
     ) -> bool:
         """One settle (``write``: ack or nack), shielded on the write budget. A
         transient driver failure is retried within the budget while the lease
@@ -1188,7 +1148,10 @@ class Worker:
         retry whose first try landed, so a landed settle is never called unowned."""
         landed = False
         if held is not None:
-            held.settling = True
+            gone = self._lease_gone(held)  # (before the move: it notes a loss known now)
+            held.settling()
+        else:
+            gone = self._lease_gone(None)
         try:
             with _bounded_shield() as scope:
                 try:
@@ -1196,7 +1159,7 @@ class Worker:
                         await write_retrying(
                             call,
                             deadline=scope.deadline,
-                            gone=self._lease_gone(held),
+                            gone=gone,
                             about=lambda: (
                                 f"{claimed.id}:{claimed.fence.claim}",
                                 "jobs.settle.retry",
@@ -1213,16 +1176,19 @@ class Worker:
                     _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
         finally:
             if held is not None:
-                held.settling = False
-        if held is not None and not landed and held.lost_while_settling:
-            # The heartbeat's `lost` was the truth: the row was not ours to settle.
-            self._lease_lost(held)
+                if landed:
+                    held.move(Phase.SETTLED)
+                elif held.lost_while_settling:
+                    # The heartbeat's `lost` was the truth: the row was not ours to settle.
+                    self._lease_lost(held)
+                elif held.phase is Phase.SETTLING:
+                    held.move(Phase.LOST)  # unowned: the caller says so
         return landed
 
     def _count(
         self,
         key: str,
-        held: _Held | None,
+        held: Attempt | None,
         code: str | None = None,
         *,
         queue: str = "",
@@ -1252,7 +1218,7 @@ class Worker:
                 worker_id=self.id,
             )
 
-    def _unowned(self, held: _Held) -> None:
+    def _unowned(self, held: Attempt) -> None:
         if held.outcome is None:
             held.outcome = ("unowned", ErrorCode.X_JOB_LEASE_LOST)
         _log(
@@ -1264,12 +1230,11 @@ class Worker:
             worker_id=self.id,
         )
 
-    async def _nack(self, held: _Held, options: NackOptions) -> bool:
+    async def _nack(self, held: Attempt, options: NackOptions) -> bool:
         claimed = held.claimed
         landed = await self._settle_write(
             claimed, "nack", lambda: self.driver.nack(claimed.id, options), held
         )
-        held.settled = held.settled or landed
         if not landed:
             self._unowned(held)
         elif options.state in ("ready", "delayed", "suspended"):
@@ -1292,7 +1257,7 @@ class Worker:
 
     async def _fault(
         self,
-        held: _Held,
+        held: Attempt,
         error: JobsError,
         state: RunState | None,
         duration: float | None = None,
@@ -1324,7 +1289,7 @@ class Worker:
 
     async def _fail(
         self,
-        held: _Held,
+        held: Attempt,
         handle: Job[Any, Any] | None,
         error: BaseException,
         value: Any,
@@ -1384,7 +1349,7 @@ class Worker:
 
     async def _bury(
         self,
-        held: _Held,
+        held: Attempt,
         handle: Job[Any, Any] | None,
         code: str | None,
         message: str,
@@ -1417,14 +1382,14 @@ class Worker:
 
     async def _unwind(
         self,
-        held: _Held,
+        held: Attempt,
         handle: Job[Any, Any],
         state: RunState,
         original: tuple[str | None, str] | None,
     ) -> None:
         """Compensate, last-in first-out, a run that failed for good."""
         claimed = held.claimed
-        self._unwind_phase(held, state)
+        held.unwind_phase()
         try:
             rec = state.records.get(RESERVED_STEP)
             if rec is None:
@@ -1454,7 +1419,7 @@ class Worker:
                     return
                 if isinstance(replayed, InfraFault):
                     raise replayed
-                self._unwind_phase(held, state)
+                held.unwind_phase()
         except LeaseLost:
             return
         except InfraFault as fault:
@@ -1540,16 +1505,6 @@ class Worker:
                 return
         await self._bury(held, handle, code, message, state.input, state)
 
-    def _unwind_phase(self, held: _Held, state: RunState) -> None:
-        """The unwind is its own phase: a timeout that failed the body (or cut its
-        replay short) must not cancel the compensators before they start. Each
-        compensator gets the job's ``timeout`` afresh; a drain, a lost lease or a
-        cancel still stops the unwind."""
-        reason = state.signal.reason
-        if reason is not None and reason.code == ErrorCode.X_JOB_TIMEOUT:
-            state.signal = Signal()
-            held.abort_at = None
-
     async def _exhausted(self, ex: Exhausted) -> None:
         _ambient.role_var.set(f"exhausted:{ex.id}")
         _log(
@@ -1584,7 +1539,7 @@ class Worker:
             ex.attempt,
         )
 
-    async def _on_settled(self, handle: Job[Any, Any], held: _Held, settled: Settled) -> None:
+    async def _on_settled(self, handle: Job[Any, Any], held: Attempt, settled: Settled) -> None:
         await self._run_hook(
             handle, held.claimed.tenant_id, held.claimed.actor, settled, held.claimed.attempt
         )

@@ -115,6 +115,28 @@ async def test_an_illegal_state_transition_fails_the_simulation(
     assert "in ack" in str(err.value.__cause__)
 
 
+async def test_an_illegal_attempt_move_fails_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker's own table (_attempt.LEGAL) is checked at every move: a worker
+    # that settled an attempt a second time must fail the simulation, even though
+    # the slot only logs the X_INVARIANT it raises.
+    from trio_jobs._attempt import Attempt, Phase
+
+    real = Attempt.move
+
+    def move(self: Attempt, to: Phase) -> None:
+        real(self, to)
+        if to is Phase.SETTLED:
+            real(self, Phase.SETTLING)  # SETTLED is final: no legal move leaves it
+
+    monkeypatch.setattr(Attempt, "move", move)
+    with pytest.raises(JobsError) as err:
+        await simulate_jobs(jobs=[three_steps], workers=2, seed=7, scenario=_scenario(3))
+    assert err.value.code == "X_SIMULATION_INVARIANT"
+    assert "illegal attempt move settled -> settling" in str(err.value.__cause__)
+
+
 async def test_every_event_checking_runs_between_events() -> None:
     seen: list[int] = []
 

@@ -31,6 +31,7 @@ import orjson
 import trio
 
 from .. import _ambient
+from .._attempt import LEGAL, Attempt, Phase
 from .._declare import Job
 from .._facade import Jobs, open_jobs
 from .._time import UuidSource
@@ -349,6 +350,14 @@ class _Checker:
 
     def fail(self, message: str) -> None:
         self.violations.append(message)
+
+    def on_attempt_move(self, attempt: Attempt, was: Phase, to: Phase) -> None:
+        """A worker's attempt changes phase: only the moves of ``_attempt.LEGAL``."""
+        if to not in LEGAL[was]:
+            self.fail(
+                f"illegal attempt move {was.value} -> {to.value} of job "
+                f"{attempt.claimed.id} (claim {attempt.claimed.fence.claim})"
+            )
 
     def on_claim(self, result: ClaimResult) -> None:
         now = self.driver.now()
@@ -976,6 +985,8 @@ async def _simulate(
             boundary=boundary if faults.drain else None,
             **options,
         )
+        # Every attempt's move is held to the worker's one table (_attempt.LEGAL).
+        worker._on_move = sim.checker.on_attempt_move
         sim.workers[proxy.label] = worker
         try:
             async with trio.open_nursery() as inner:
