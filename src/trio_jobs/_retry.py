@@ -1,11 +1,34 @@
-"""Backoff and jitter as pure functions."""
+"""The retry decision, as pure functions: backoff and jitter, and what a failed
+attempt comes to.
+
+:func:`decide` and :func:`decide_unwind` answer a :class:`Decision`: the one
+settle to write when the run goes back to the queue (a counted ``nack`` after
+its backoff), or a final failure, which the worker buries with
+:func:`burial` (after the run's compensators, when it registered any). No I/O,
+no clock: the worker writes what they answer, and a test can read it off.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import attrs
+
+from ._context import _describe
 from ._declare import Retry
 from ._time import JitterSource
+from .drivers._protocol import Fence, NackOptions, Progress
+from .errors import ErrorCode, JobsError, retry_class_of
 
-__all__ = ["backoff_delay", "retry_after_delay"]
+__all__ = [
+    "Decision",
+    "backoff_delay",
+    "burial",
+    "decide",
+    "decide_unwind",
+    "retry_after_delay",
+]
 
 
 def backoff_delay(retry: Retry, attempt: int, jitter: JitterSource) -> float:
@@ -34,3 +57,138 @@ def backoff_delay(retry: Retry, attempt: int, jitter: JitterSource) -> float:
 def retry_after_delay(retry: Retry, seconds: float) -> float:
     """A ``retry-after`` code's own wait, clamped to ``[0, max_delay]``."""
     return max(0.0, min(float(seconds), float(retry.max_delay)))
+
+
+@attrs.frozen
+class Decision:
+    """What a failed attempt comes to: the code and message it records, and
+    ``retry``, the counted hand-back to write, or ``None`` when the failure is
+    final (the run is buried with ``code`` and ``message``: :func:`burial`)."""
+
+    code: str | None
+    message: str
+    retry: NackOptions | None
+
+    @property
+    def final(self) -> bool:
+        return self.retry is None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def decide(
+    error: BaseException,
+    *,
+    attempt: int,
+    attempts: int,
+    retry: Retry | None,
+    fence: Fence,
+    progress: Progress | None,
+    jitter: JitterSource,
+) -> Decision:
+    """The body's own failure on attempt ``attempt`` of ``attempts``.
+
+    A ``terminal`` code is final at once; otherwise the run is retried while
+    attempts are left, after a ``retry-after`` code's own wait (its
+    ``meta["retry_after_seconds"]``, clamped) or the policy's backoff. ``retry``
+    is the job's policy (``None`` for a job this worker does not know: the
+    default backoff)."""
+    error = _unwrap(error)
+    code = error.code if isinstance(error, JobsError) else None
+    klass = retry_class_of(code)
+    terminal = klass == "terminal"
+    message = _describe(error)
+    if terminal:
+        return Decision(code, message + " — not retried: this code is classified terminal", None)
+    if attempt >= attempts:
+        return Decision(
+            code,
+            f"{message} — {ErrorCode.X_JOB_MAX_ATTEMPTS}: gave up after {attempt} of "
+            f"{attempts} attempts",
+            None,
+        )
+    policy = retry if retry is not None else Retry()
+    seconds: Any = error.meta.get("retry_after_seconds") if isinstance(error, JobsError) else None
+    if (
+        klass == "retry-after"
+        and retry is not None
+        and isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+    ):
+        delay = retry_after_delay(retry, float(seconds))
+    else:
+        # An unclassified code, or a retry-after code without usable seconds (or
+        # a job this worker does not know): the ordinary backoff.
+        delay = backoff_delay(policy, attempt, jitter)
+    return Decision(
+        code,
+        message,
+        NackOptions(
+            fence=fence,
+            state="ready",
+            counted=True,
+            delay=delay,
+            error_code=code,
+            last_error=message,
+            progress=progress,
+        ),
+    )
+
+
+def decide_unwind(
+    error: BaseException,
+    *,
+    step: str,
+    code: str | None,
+    message: str,
+    attempt: int,
+    max_attempts: int,
+    retry: Retry,
+    fence: Fence,
+    jitter: JitterSource,
+) -> Decision:
+    """The compensation of ``step`` failed while unwinding a run that failed for
+    good with ``code``/``message``: the unwind is retried on a counted attempt
+    while attempts are left, else the run is buried
+    ``X_JOB_COMPENSATION_FAILED`` naming the original failure."""
+    cause = _describe(error)
+    if attempt < max_attempts:
+        return Decision(
+            code,
+            message,
+            NackOptions(
+                fence=fence,
+                state="ready",
+                counted=True,
+                delay=backoff_delay(retry, attempt, jitter),
+                error_code=code,
+                last_error=f"{message}; compensation of step {step!r} failed ({cause}), "
+                "retrying the unwind",
+            ),
+        )
+    return Decision(
+        ErrorCode.X_JOB_COMPENSATION_FAILED,
+        f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: compensation of step {step!r} failed "
+        f"({cause}); fix it, then `trio-jobs retry ID`. Original failure: {message}",
+        None,
+    )
+
+
+def burial(
+    fence: Fence, *, drop: bool, code: str | None, message: str, progress: Progress | None
+) -> NackOptions:
+    """The settle of a run that failed for good: ``failed`` for a job declared
+    without a dead letter (``Retry(dead_letter=False)``), else ``dead``."""
+    return NackOptions(
+        fence=fence,
+        state="failed" if drop else "dead",
+        counted=True,
+        error_code=code,
+        last_error=message,
+        progress=progress,
+    )

@@ -37,10 +37,10 @@ from ._context import (
     _describe,
     failed_record,
 )
-from ._declare import Job, Retry
+from ._declare import Job
 from ._facade import Actor, Jobs
 from ._observe import WorkerObserver
-from ._retry import backoff_delay, retry_after_delay
+from ._retry import burial, decide, decide_unwind
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
@@ -57,7 +57,7 @@ from .drivers._protocol import (
     StepRecord,
     WorkerInfo,
 )
-from .errors import ErrorCode, JobsError, retry_class_of
+from .errors import ErrorCode, JobsError
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -1296,56 +1296,23 @@ class Worker:
         state: RunState | None,
     ) -> None:
         claimed = held.claimed
-        error = _unwrap(error)
-        code = error.code if isinstance(error, JobsError) else None
-        klass = retry_class_of(code)
-        terminal = klass == "terminal"
-        attempts = handle.retry.attempts if handle is not None else claimed.max_attempts
-        message = _describe(error)
-        if terminal:
-            message += " — not retried: this code is classified terminal"
-        final = terminal or claimed.attempt >= attempts
-        if not final:
-            assert handle is not None or klass is None
-            retry = handle.retry if handle is not None else None
-            seconds = (
-                error.meta.get("retry_after_seconds") if isinstance(error, JobsError) else None
-            )
-            if (
-                klass == "retry-after"
-                and retry is not None
-                and isinstance(seconds, int | float)
-                and not isinstance(seconds, bool)
-                and math.isfinite(seconds)
-            ):
-                delay = retry_after_delay(retry, float(seconds))
-            elif retry is not None:
-                # An unclassified code, or a retry-after code without usable seconds:
-                # the ordinary backoff.
-                delay = backoff_delay(retry, claimed.attempt, self._jitter)
-            else:
-                # No handle here (a job this worker does not know): the default backoff.
-                delay = backoff_delay(Retry(), claimed.attempt, self._jitter)
-            if await self._nack(
-                held,
-                NackOptions(
-                    fence=claimed.fence,
-                    state="ready",
-                    counted=True,
-                    delay=delay,
-                    error_code=code,
-                    last_error=message,
-                    progress=state.progress if state else None,
-                ),
-            ):
-                self._count("retried", held, code)
+        decision = decide(
+            error,
+            attempt=claimed.attempt,
+            attempts=handle.retry.attempts if handle is not None else claimed.max_attempts,
+            retry=handle.retry if handle is not None else None,
+            fence=claimed.fence,
+            progress=state.progress if state else None,
+            jitter=self._jitter,
+        )
+        if decision.retry is not None:
+            if await self._nack(held, decision.retry):
+                self._count("retried", held, decision.code)
             return
-        if not terminal:
-            message += f" — {ErrorCode.X_JOB_MAX_ATTEMPTS}: gave up after {claimed.attempt} of {attempts} attempts"
         if handle is not None and handle.compensates and state is not None and state.compensators:
-            await self._unwind(held, handle, state, (code, message))
+            await self._unwind(held, handle, state, (decision.code, decision.message))
             return
-        await self._bury(held, handle, code, message, value, state)
+        await self._bury(held, handle, decision.code, decision.message, value, state)
 
     async def _bury(
         self,
@@ -1362,12 +1329,11 @@ class Worker:
             await state.hit("before-settle", None)
         landed = await self._nack(
             held,
-            NackOptions(
-                fence=claimed.fence,
-                state="failed" if drop else "dead",
-                counted=True,
-                error_code=code,
-                last_error=message,
+            burial(
+                claimed.fence,
+                drop=drop,
+                code=code,
+                message=message,
                 progress=state.progress if state else None,
             ),
         )
@@ -1467,32 +1433,24 @@ class Worker:
                 comp_exc = reason
             try:
                 if comp_exc is not None:
-                    exc = comp_exc
-                    await state.put(failed_record(cname, seq, executions, exc))
-                    if claimed.attempt < claimed.max_attempts:
-                        delay = backoff_delay(handle.retry, claimed.attempt, self._jitter)
-                        if await self._nack(
-                            held,
-                            NackOptions(
-                                fence=claimed.fence,
-                                state="ready",
-                                counted=True,
-                                delay=delay,
-                                error_code=code,
-                                last_error=f"{message}; compensation of step {comp.step!r} failed "
-                                f"({_describe(exc)}), retrying the unwind",
-                            ),
-                        ):
-                            self._count("retried", held, code)
+                    await state.put(failed_record(cname, seq, executions, comp_exc))
+                    decision = decide_unwind(
+                        comp_exc,
+                        step=comp.step,
+                        code=code,
+                        message=message,
+                        attempt=claimed.attempt,
+                        max_attempts=claimed.max_attempts,
+                        retry=handle.retry,
+                        fence=claimed.fence,
+                        jitter=self._jitter,
+                    )
+                    if decision.retry is not None:
+                        if await self._nack(held, decision.retry):
+                            self._count("retried", held, decision.code)
                         return
                     await self._bury(
-                        held,
-                        handle,
-                        ErrorCode.X_JOB_COMPENSATION_FAILED,
-                        f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: compensation of step {comp.step!r} failed "
-                        f"({_describe(exc)}); fix it, then `trio-jobs retry ID`. Original failure: {message}",
-                        state.input,
-                        state,
+                        held, handle, decision.code, decision.message, state.input, state
                     )
                     return
                 await state.put(
