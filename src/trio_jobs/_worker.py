@@ -22,7 +22,6 @@ import trio
 from . import _ambient, _observe, _planted, _tracing
 from ._attempt import Attempt, Phase
 from ._context import (
-    COMPENSATE_PREFIX,
     RESERVED_STEP,
     WRITE_BUDGET,
     BoundaryHook,
@@ -35,15 +34,16 @@ from ._context import (
     Signal,
     _call,
     _describe,
-    failed_record,
 )
 from ._declare import Job
 from ._facade import Actor, Jobs
 from ._observe import WorkerObserver
-from ._retry import burial, decide, decide_unwind
+from ._retry import burial, decide
+from ._room import share_room
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
+from ._unwind import unwind
 from ._write_retry import write_retrying
 from .drivers._protocol import (
     AckOptions,
@@ -54,7 +54,6 @@ from .drivers._protocol import (
     HeartbeatStatus,
     JobDriver,
     NackOptions,
-    StepRecord,
     WorkerInfo,
 )
 from .errors import ErrorCode, JobsError
@@ -417,34 +416,16 @@ class Worker:
                         pass
 
     def _room(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
-        """Split the free room over the queues (``ceil(room / queues left)``),
-        starting after the last queue served; ``skip`` are queues this pass found
-        empty, whose room goes to the next."""
-        if len(self.queues) == 1 and not skip:
-            # One queue (the common case): its free slots, capped by max_in_flight.
-            q = self.queues[0]
-            room = self.slots[q] - self._in_flight[q]
-            if self.max_in_flight is not None:
-                room = min(room, self.max_in_flight - len(self._held))
-            return {q: room} if room > 0 else {}
-        free = {q: self.slots[q] - self._in_flight[q] for q in self.queues if q not in skip}
-        total = sum(max(0, n) for n in free.values())
-        if self.max_in_flight is not None:
-            total = min(total, self.max_in_flight - len(self._held))
-        if total <= 0:
-            return {}
-        order = [
-            q for q in self.queues[self._rotation :] + self.queues[: self._rotation] if q in free
-        ]
-        want: dict[str, int] = {}
-        left = len(order)
-        for q in order:
-            share = min(max(0, free[q]), math.ceil(total / left))
-            left -= 1
-            if share > 0:
-                want[q] = share
-                total -= share
-        return want
+        """This worker's free slots split over its queues (:func:`_room.share_room`)."""
+        return share_room(
+            self.queues,
+            self.slots,
+            self._in_flight,
+            held=len(self._held),
+            max_in_flight=self.max_in_flight,
+            rotation=self._rotation,
+            skip=skip,
+        )
 
     async def _claim_pass(self, nursery: trio.Nursery, drop: frozenset[str]) -> tuple[int, bool]:
         """One pass: claim the room, then hand what a queue that came back short
@@ -1353,115 +1334,7 @@ class Worker:
         state: RunState,
         original: tuple[str | None, str] | None,
     ) -> None:
-        """Compensate, last-in first-out, a run that failed for good."""
-        claimed = held.claimed
-        held.unwind_phase()
-        try:
-            rec = state.records.get(RESERVED_STEP)
-            if rec is None:
-                if original is None:
-                    original = (
-                        ErrorCode.X_JOB_LEASE_LOST,
-                        f"{ErrorCode.X_JOB_LEASE_LOST}: the lease lapsed on the final attempt; unwinding",
-                    )
-                await state.put(
-                    StepRecord(
-                        name=RESERVED_STEP,
-                        status="completed",
-                        seq=state.seq_for(RESERVED_STEP),
-                        executions=1,
-                        output={"code": original[0], "error": original[1]},
-                    )
-                )
-            else:
-                out = rec.output if isinstance(rec.output, dict) else {}
-                original = (out.get("code"), str(out.get("error") or "failed"))
-            if not state.compensators:
-                # Replay the body only to re-register its compensators.
-                state.unwinding = True
-                ctx: JobContext[Any] = JobContext(state)
-                _r, _e, replayed = await self._guarded(held, state, lambda: handle.run(ctx))
-                if await self._aborted_verdict(held, handle, state, None):
-                    return
-                if isinstance(replayed, InfraFault):
-                    raise replayed
-                held.unwind_phase()
-        except LeaseLost:
-            return
-        except InfraFault as fault:
-            await self._fault(held, fault.error, state)
-            return
-        code, message = original
-        if state.unknown_compensation is not None:
-            step = state.unknown_compensation
-            await self._bury(
-                held,
-                handle,
-                ErrorCode.X_JOB_COMPENSATION_FAILED,
-                f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: once step {step!r} has an unknown outcome, "
-                f"so its compensation cannot be decided; resolve the step, then retry. "
-                f"Original failure: {message}",
-                held.claimed and state.input,
-                state,
-            )
-            return
-        order = (
-            state.compensators
-            if _planted.active("compensation-reversed")
-            else reversed(state.compensators)
-        )
-        for comp in order:
-            cname = COMPENSATE_PREFIX + comp.step
-            crec = state.records.get(cname)
-            if crec is not None and crec.status == "completed":
-                continue
-            executions = (crec.executions if crec is not None else 0) + 1
-            seq = state.seq_for(cname)
-            await state.hit("compensate", comp.step)
-
-            async def call(comp: Any = comp) -> None:
-                await _call(comp.fn, comp.output)
-
-            _r, comp_exc, comp_hb = await self._guarded(held, state, call)
-            if await self._aborted_verdict(held, handle, state, comp_exc):
-                return
-            if isinstance(comp_hb, InfraFault):
-                await self._fault(held, comp_hb.error, state)
-                return
-            reason = state.signal.reason
-            if reason is not None and comp_exc is None:
-                comp_exc = reason
-            try:
-                if comp_exc is not None:
-                    await state.put(failed_record(cname, seq, executions, comp_exc))
-                    decision = decide_unwind(
-                        comp_exc,
-                        step=comp.step,
-                        code=code,
-                        message=message,
-                        attempt=claimed.attempt,
-                        max_attempts=claimed.max_attempts,
-                        retry=handle.retry,
-                        fence=claimed.fence,
-                        jitter=self._jitter,
-                    )
-                    if decision.retry is not None:
-                        if await self._nack(held, decision.retry):
-                            self._count("retried", held, decision.code)
-                        return
-                    await self._bury(
-                        held, handle, decision.code, decision.message, state.input, state
-                    )
-                    return
-                await state.put(
-                    StepRecord(name=cname, status="completed", seq=seq, executions=executions)
-                )
-            except LeaseLost:
-                return
-            except InfraFault as fault:
-                await self._fault(held, fault.error, state)
-                return
-        await self._bury(held, handle, code, message, state.input, state)
+        await unwind(self, held, handle, state, original)
 
     async def _exhausted(self, ex: Exhausted) -> None:
         _ambient.role_var.set(f"exhausted:{ex.id}")
