@@ -371,3 +371,43 @@ async def test_a_lease_deleted_under_another_search_path_still_wakes_its_waiter(
         conn.execute(f'DELETE FROM "{pg_schema}".trio_jobs_leases WHERE job_id = %s', (holder.id,))
     woken = (await driver.claim(ClaimOptions("w2", {"default": 5}, 30.0))).jobs
     assert [j.id for j in woken] == [waiter.id]
+
+
+async def test_a_renewal_does_not_scan_the_finished_rows(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    # A heartbeat's cost must follow the rows a worker holds: its answer joined the
+    # requests back to the renewed rows, which the planner made a nested loop,
+    # quadratic in the batch (16 ms for 300 held rows: 89,700 rows removed by the
+    # join filter). Neither that nor a scan of the table's finished rows.
+    from trio_jobs.drivers.postgres._sql import query
+
+    sql(
+        pg_dsn,
+        pg_schema,
+        "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, "
+        "max_attempts, priority, state, run_at, created_at, updated_at) "
+        "SELECT gen_random_uuid(), gen_random_uuid(), 'old', 'default', '1', 'k' || g, 3, 0, "
+        "'done', 0, 0, 0 FROM generate_series(1, 100000) g; ANALYZE trio_jobs_jobs",
+    )
+    await driver.enqueue_many([req(f"h{i}") for i in range(300)])
+    held = (await driver.claim(ClaimOptions("w1", {"default": 300}, 30.0))).jobs
+    assert len(held) == 300
+    params = {
+        "now": None,
+        "ids": [c.id for c in held],
+        "worker_ids": [c.fence.worker_id for c in held],
+        "claims": [c.fence.claim for c in held],
+        "progress": [None] * len(held),
+        "visibility": 30.0,
+    }
+    with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as conn:
+        conn.execute("BEGIN")
+        plan = "\n".join(
+            str(r[0]) for r in conn.execute("EXPLAIN ANALYZE " + query("heartbeat"), params)
+        )
+        conn.execute("ROLLBACK")
+    assert "Seq Scan on trio_jobs_jobs" not in plan, plan
+    assert "Rows Removed by Join Filter" not in plan, plan
+    statuses = await driver.heartbeat([HeartbeatRequest(c.id, c.fence, None) for c in held], 30.0)
+    assert statuses == ["ok"] * 300

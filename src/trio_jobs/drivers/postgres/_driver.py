@@ -50,6 +50,7 @@ from .._protocol import (
     Exhausted,
     Fence,
     HeartbeatRequest,
+    HeartbeatStatus,
     JobPage,
     JobView,
     LeaseGrant,
@@ -674,7 +675,10 @@ class PostgresDriver:
                 "visibility": float(visibility_timeout),
             },
         )
-        return [str(r[1]) for r in rows]
+        statuses = [HeartbeatStatus.LOST] * len(requests)
+        for ordinal, status in rows:
+            statuses[int(ordinal) - 1] = str(status)
+        return statuses
 
     async def stats(self) -> list[QueueStats]:
         rows = await self._fetch("stats", {})

@@ -389,7 +389,11 @@ FROM landed;
 
 -- name: heartbeat
 -- Renew every held row's lease, and its concurrency leases, in one statement.
--- One answer per request: ok, lost (not ours any more) or cancelled.
+-- Answers the ordinal of each renewed row ('ok') and of each row an operator
+-- cancelled ('cancelled'); the driver reads every other request as 'lost'.
+-- No join back from the requests to what was renewed: the planner, expecting
+-- one row from each side, made it a nested loop, quadratic in the batch (16 ms
+-- for 300 held rows; a renewal's cost must follow the rows a worker holds).
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 input AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[],
@@ -397,7 +401,7 @@ input AS (
 ),
 -- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
 locked AS MATERIALIZED (
-    SELECT j.id, i.progress
+    SELECT j.id, i.progress, i.ord
     FROM input i
     JOIN trio_jobs_jobs j ON j.id = i.id
     WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
@@ -411,21 +415,20 @@ renewed AS (
         progress = coalesce(l.progress::json, j.progress)
     FROM locked l, n
     WHERE j.id = l.id
-    RETURNING j.id, j.worker_id, j.claim
+    RETURNING j.id, j.worker_id, j.claim, l.ord
 ),
 leases AS (
     UPDATE trio_jobs_leases s SET expires_at = n.now + %(visibility)s
     FROM renewed r, n
     WHERE s.job_id = r.id AND s.worker_id = r.worker_id AND s.claim = r.claim
 )
-SELECT i.ord,
-    CASE WHEN r.id IS NOT NULL THEN 'ok'
-         WHEN j.state = 'cancelled' AND j.worker_id IS NULL THEN 'cancelled'
-         ELSE 'lost' END
-FROM input i
-LEFT JOIN renewed r ON r.id = i.id AND r.worker_id = i.worker_id AND r.claim = i.claim
-LEFT JOIN trio_jobs_jobs j ON j.id = i.id
-ORDER BY i.ord;
+SELECT r.ord, 'ok' FROM renewed r
+UNION ALL
+-- one index probe per request (its row may be gone: then it is lost)
+SELECT i.ord, 'cancelled' FROM input i
+WHERE EXISTS (
+    SELECT 1 FROM trio_jobs_jobs j
+    WHERE j.id = i.id AND j.state = 'cancelled' AND j.worker_id IS NULL);
 
 -- name: stats
 SELECT queue, state, count(*) FROM trio_jobs_jobs GROUP BY queue, state ORDER BY queue;
