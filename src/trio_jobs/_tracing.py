@@ -57,8 +57,8 @@ def recording() -> bool:
     """Whether spans go anywhere: a provider was configured here, or an SDK was
     installed globally. Without one, the API's proxy makes no-op spans, and
     skipping them saves ~12% of a no-op job's CPU (benchmarks/README.md). The
-    worker asks once per attempt (an ``os.environ`` lookup inside
-    OpenTelemetry) and its step spans follow that answer."""
+    worker asks once per claim (an ``os.environ`` lookup inside OpenTelemetry),
+    and the attempts it claimed and their step spans follow that answer."""
     if not ENABLED:
         return False
     if _settings["provider"] is not None:

@@ -452,8 +452,12 @@ class Worker:
             buried = buried or bool(result.exhausted)
             now = trio.current_time()
             got = dict.fromkeys(want, 0)
+            # Whether spans record, asked once per claim, not once per attempt (an
+            # os.environ lookup inside OpenTelemetry while no SDK is installed).
+            traced = _tracing.recording() if result.jobs else False
             for claimed in result.jobs:
                 held = Attempt(claimed, now, self._on_move)
+                held.traced = traced
                 if self._draining:
                     # Claimed by a statement that was in flight when the drain began:
                     # hand it straight back, uncounted.
@@ -752,7 +756,6 @@ class Worker:
         self._observer.slot_taken(claimed.queue, claimed.name)
         began = trio.current_time()
         try:
-            held.traced = _tracing.recording()
             with _tracing.attempt_span(claimed, self.id, held.traced) as span:
                 try:
                     await self._execute(held)
