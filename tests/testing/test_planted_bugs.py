@@ -34,9 +34,23 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
 }
 
+#: The kind of violation each bug is caught by (a phrase of the checker's message).
+VIOLATIONS: dict[str, str] = {
+    "double-settle": "was settled twice",
+    "unfenced-settle": "no longer held",
+    "step-rerun": "recorded completed twice",
+    "drain-counts": "handed back with its attempt counted but no failure",
+    "dedupe-ignores-tenant": "jobs per tenant",
+    "lease-not-released": "still holds a concurrency lease",
+    "compensation-reversed": "compensated ['charge', 'reserve'], expected ['reserve', 'charge']",
+    "cancelled-body-writes": "after its worker w0.0 aborted it (drain)",
+    "event-before-wait": "the first payment since",
+    "waiter-not-woken": "runs wait on keys nothing holds or takes",
+}
+
 
 def test_every_planted_bug_has_a_catcher() -> None:
-    assert set(CATCHERS) == set(NAMES)
+    assert set(CATCHERS) == set(NAMES) == set(VIOLATIONS)
     assert len(NAMES) >= 8
     assert importlib.util.find_spec("simulation") is not None
 
@@ -63,6 +77,7 @@ async def test_the_simulation_catches_the_planted_bug(
     assert caught is not None, f"the planted bug {bug!r} went unnoticed by {scenario}"
     assert caught.code == "X_SIMULATION_INVARIANT"
     assert "seed" in caught.message
+    assert VIOLATIONS[bug] in caught.message, caught.message
 
 
 async def test_crash_proof_catches_a_step_rerun() -> None:
