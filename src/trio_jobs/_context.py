@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import attrs
 import trio
 
-from . import _ambient, _planted, _tracing
+from . import _ambient, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
 from ._write_retry import is_transient, retry_delay, write_retrying
@@ -306,8 +306,6 @@ class RunState:
         return name
 
     def refuse_past_abort(self, name: str) -> None:
-        if _planted.active("cancelled-body-writes"):
-            return
         reason = self.signal.reason
         if reason is not None and not _ambient.complete_var.get():
             raise JobAbortedError(
@@ -387,7 +385,7 @@ class Steps:
         name = s.claim_name(name, what="step.run")
         _check_compensate(s, name, compensate)
         rec = s.records.get(name)
-        if rec is not None and rec.status == "completed" and not _planted.active("step-rerun"):
+        if rec is not None and rec.status == "completed":
             if compensate is not None:
                 s.compensators.append(Compensator(name, compensate, rec.output, once))
             return rec.output
@@ -491,7 +489,7 @@ class Steps:
                 meta={"step": name},
             )
         rec = s.records.get(name)
-        if rec is not None and rec.status == "completed" and not _planted.active("step-rerun"):
+        if rec is not None and rec.status == "completed":
             if compensate is not None:
                 s.compensators.append(Compensator(name, compensate, rec.output, False))
             return rec.output

@@ -1,47 +1,247 @@
-"""Planted bugs: test-only switches that break one guarantee each.
+"""Planted bugs: test-only wrappers that break one guarantee each.
 
 The checkers (``simulate_jobs``'s invariants and ``crash_proof``) are checked by
-switching each on and asserting they catch it (``tests/testing/test_planted_bugs.py``).
-Nothing in production sets them: only :func:`planted` does, inside a ``with``.
+planting each bug and asserting they catch it (``tests/testing/test_planted_bugs.py``).
+The product never reads a switch: :func:`planted` replaces, for its block, the
+method (or private seam) of the product whose behaviour the bug changes with a
+wrapper that misbehaves, and puts the original back on exit. Nothing in
+production calls it; nothing under ``src/trio_jobs`` but this module imports it.
+
+Blocks nest (each restores what it found), but must exit in the reverse order
+of entry, like any ``with``. A bug planted in a process is planted for every
+driver and worker of that process, as the replaced methods are the classes'.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+import attrs
+
+from . import _unwind
+from ._attempt import Attempt
+from ._context import Compensator, RunState, Steps
+from ._worker import Worker
+from .drivers._protocol import AckOptions, ClaimedJob, EventRecord, Fence, NackOptions
+from .drivers.memory import _driver as memory
+from .errors import ErrorCode
 
 __all__ = ["NAMES", "active", "planted"]
 
-NAMES = frozenset(
-    {
-        "double-settle",  # the worker settles a run twice, and the driver lets it
-        "unfenced-settle",  # a settle lands without holding the claim's lease
-        "step-rerun",  # a replay re-runs a step that has a completed record
-        "drain-counts",  # a drained attempt is handed back counted
-        "dedupe-ignores-tenant",  # the live key leaves the tenant out
-        "lease-not-released",  # a settle keeps the run's concurrency lease
-        "compensation-reversed",  # compensators run first-in first-out
-        "cancelled-body-writes",  # a step starts and records after the abort
-        "event-before-wait",  # a wait sees events published before it began
-        "waiter-not-woken",  # a released slot leaves the runs waiting on its key asleep
-    }
-)
+_Stack = contextlib.ExitStack
 
-_ON: set[str] = set()
+
+@contextlib.contextmanager
+def _patched(owner: object, name: str, new: object) -> Iterator[None]:
+    """Set ``owner.name`` to ``new`` for the block; restore what was there."""
+    own = vars(owner)
+    had = name in own
+    old = own.get(name)
+    setattr(owner, name, new)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(owner, name, old)
+        else:
+            delattr(owner, name)
+
+
+# ---------------------------------------------------------------------- the bugs
+
+
+def _double_settle(stack: _Stack) -> None:
+    """The worker settles a run twice, and the driver lets it: the worker's ack
+    write is written a second time (a bare ack of the same fence), and the
+    memory driver's fence check lets a settle land on a row this fence already
+    settled."""
+    settle_write = Worker._settle_write
+    owned = memory.MemoryDriver._owned
+
+    async def twice(
+        self: Worker,
+        claimed: ClaimedJob,
+        write: str,
+        call: Callable[[], Awaitable[bool]],
+        held: Attempt | None = None,
+    ) -> bool:
+        landed = await settle_write(self, claimed, write, call, held)
+        if landed and write == "ack":
+            await settle_write(
+                self,
+                claimed,
+                "ack",
+                lambda: self.driver.ack(claimed.id, AckOptions(fence=claimed.fence)),
+            )
+        return landed
+
+    def owned_or_settled(
+        self: memory.MemoryDriver, job_id: str, fence: Fence, now: float | None = None
+    ) -> Any:
+        row = self._rows.get(job_id)
+        if row is not None and row.state == "done" and row.settled_fence == fence:
+            return row
+        return owned(self, job_id, fence, now)
+
+    stack.enter_context(_patched(Worker, "_settle_write", twice))
+    stack.enter_context(_patched(memory.MemoryDriver, "_owned", owned_or_settled))
+
+
+def _unfenced_settle(stack: _Stack) -> None:
+    """A settle lands without holding the claim's lease: the memory driver's
+    fence check answers the row to whoever calls."""
+
+    def anyone(
+        self: memory.MemoryDriver, job_id: str, fence: Fence, now: float | None = None
+    ) -> Any:
+        return self._rows.get(job_id)
+
+    stack.enter_context(_patched(memory.MemoryDriver, "_owned", anyone))
+
+
+def _step_rerun(stack: _Stack) -> None:
+    """A replay re-runs a step that has a completed record: ``step.run`` and
+    ``step.transaction`` forget the step's completed record before they look."""
+
+    def forgetting(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def forget(self: Steps, name: str, fn: Any, **kwargs: Any) -> Any:
+            records = self._s.records
+            rec = records.get(name) if isinstance(name, str) else None
+            if rec is not None and rec.status == "completed":
+                del records[name]
+            return await method(self, name, fn, **kwargs)
+
+        return forget
+
+    stack.enter_context(_patched(Steps, "run", forgetting(Steps.run)))
+    stack.enter_context(_patched(Steps, "transaction", forgetting(Steps.transaction)))
+
+
+def _drain_counts(stack: _Stack) -> None:
+    """A drained attempt is handed back counted: the worker's drain hand-back
+    (an uncounted ``ready`` nack of an attempt aborted by ``X_DRAINING``) is
+    written counted."""
+    nack = Worker._nack
+
+    async def counted(self: Worker, held: Attempt, options: NackOptions) -> bool:
+        state = held.state
+        reason = state.signal.reason if state is not None else None
+        if (
+            reason is not None
+            and reason.code == ErrorCode.X_DRAINING
+            and options.state == "ready"
+            and not options.counted
+            and options.delay is None
+            and options.run_at is None
+            and options.busy_key is None
+            and options.error_code is None
+        ):
+            options = attrs.evolve(options, counted=True)
+        return await nack(self, held, options)
+
+    stack.enter_context(_patched(Worker, "_nack", counted))
+
+
+def _dedupe_ignores_tenant(stack: _Stack) -> None:
+    """The live key leaves the tenant out: the memory driver's dedupe key."""
+
+    def key(name: str, tenant_id: str | None, key: str) -> tuple[str, str | None, str]:
+        return (name, None, key)
+
+    stack.enter_context(_patched(memory, "_key", key))
+
+
+def _lease_not_released(stack: _Stack) -> None:
+    """A settle keeps the run's concurrency lease: the memory driver's release
+    of a run's leases does nothing."""
+
+    def keep(self: memory.MemoryDriver, job_id: str) -> None:
+        return None
+
+    stack.enter_context(_patched(memory.MemoryDriver, "_release_leases", keep))
+
+
+def _compensation_reversed(stack: _Stack) -> None:
+    """Compensators run first-in first-out: the unwind's order is the
+    registration order."""
+
+    def registered(compensators: list[Compensator]) -> Iterable[Compensator]:
+        return list(compensators)
+
+    stack.enter_context(_patched(_unwind, "compensation_order", registered))
+
+
+def _cancelled_body_writes(stack: _Stack) -> None:
+    """A step starts and records after the abort: the refusal of a step past
+    the run's abort lets every step through."""
+
+    def let_through(self: RunState, name: str) -> None:
+        return None
+
+    stack.enter_context(_patched(RunState, "refuse_past_abort", let_through))
+
+
+def _event_before_wait(stack: _Stack) -> None:
+    """A wait sees events published before it began: the memory driver's event
+    poll looks from the beginning of time."""
+    poll = memory._MemoryEvents.poll
+
+    async def from_the_start(
+        self: memory._MemoryEvents, name: str, since: float
+    ) -> tuple[list[EventRecord], float]:
+        return await poll(self, name, -math.inf)
+
+    stack.enter_context(_patched(memory._MemoryEvents, "poll", from_the_start))
+
+
+def _waiter_not_woken(stack: _Stack) -> None:
+    """A released slot leaves the runs waiting on its key asleep: the memory
+    driver's wake of a key's first waiter (called only on a release) does
+    nothing."""
+
+    def sleep_on(self: memory.MemoryDriver, lease_key: str) -> None:
+        return None
+
+    stack.enter_context(_patched(memory.MemoryDriver, "_wake_waiter", sleep_on))
+
+
+_PLANTERS: dict[str, Callable[[_Stack], None]] = {
+    "double-settle": _double_settle,
+    "unfenced-settle": _unfenced_settle,
+    "step-rerun": _step_rerun,
+    "drain-counts": _drain_counts,
+    "dedupe-ignores-tenant": _dedupe_ignores_tenant,
+    "lease-not-released": _lease_not_released,
+    "compensation-reversed": _compensation_reversed,
+    "cancelled-body-writes": _cancelled_body_writes,
+    "event-before-wait": _event_before_wait,
+    "waiter-not-woken": _waiter_not_woken,
+}
+
+NAMES = frozenset(_PLANTERS)
+
+_ON: list[str] = []
 
 
 def active(name: str) -> bool:
-    """Whether the planted bug ``name`` is switched on (always False in production)."""
-    return bool(_ON) and name in _ON
+    """Whether the planted bug ``name`` is planted now (never in production)."""
+    return name in _ON
 
 
 @contextlib.contextmanager
 def planted(name: str) -> Iterator[None]:
-    """Switch the planted bug ``name`` on for the block (tests only)."""
-    if name not in NAMES:
+    """Plant the bug ``name`` for the block (tests only): install its wrappers
+    on entry, restore the originals on exit."""
+    plant = _PLANTERS.get(name)
+    if plant is None:
         raise ValueError(f"unknown planted bug {name!r}; one of {sorted(NAMES)}")
-    _ON.add(name)
-    try:
-        yield
-    finally:
-        _ON.discard(name)
+    with contextlib.ExitStack() as stack:
+        plant(stack)
+        _ON.append(name)
+        try:
+            yield
+        finally:
+            _ON.remove(name)

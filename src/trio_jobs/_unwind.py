@@ -14,14 +14,14 @@ It settles through the worker that holds the attempt, seen as a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from . import _planted
 from ._attempt import Attempt
 from ._context import (
     COMPENSATE_PREFIX,
     RESERVED_STEP,
+    Compensator,
     Handback,
     InfraFault,
     JobContext,
@@ -36,7 +36,12 @@ from ._time import JitterSource
 from .drivers._protocol import NackOptions, StepRecord
 from .errors import ErrorCode, JobsError
 
-__all__ = ["Settler", "unwind"]
+__all__ = ["Settler", "compensation_order", "unwind"]
+
+
+def compensation_order(compensators: list[Compensator]) -> Iterable[Compensator]:
+    """The order the compensators of a run are called in: last-in first-out."""
+    return reversed(compensators)
 
 
 class Settler(Protocol):
@@ -145,12 +150,7 @@ async def unwind(
             state,
         )
         return
-    order = (
-        state.compensators
-        if _planted.active("compensation-reversed")
-        else reversed(state.compensators)
-    )
-    for comp in order:
+    for comp in compensation_order(state.compensators):
         cname = COMPENSATE_PREFIX + comp.step
         crec = state.records.get(cname)
         if crec is not None and crec.status == "completed":

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import trio
 
-from . import _ambient, _observe, _planted, _tracing
+from . import _ambient, _observe, _tracing
 from ._attempt import Attempt, Phase
 from ._context import (
     RESERVED_STEP,
@@ -907,10 +907,6 @@ class Worker:
         landed = await self._settle_write(
             claimed, "ack", lambda: self.driver.ack(claimed.id, ack), held
         )
-        if landed and _planted.active("double-settle"):
-            await self._settle_write(
-                claimed, "ack", lambda: self.driver.ack(claimed.id, AckOptions(fence=claimed.fence))
-            )
         if landed:
             self._count("done", held)
             await self._on_settled(
@@ -1089,7 +1085,7 @@ class Worker:
                 NackOptions(
                     fence=claimed.fence,
                     state="ready",
-                    counted=_planted.active("drain-counts"),
+                    counted=False,
                     progress=state.progress,
                 ),
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -33,9 +34,23 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
 }
 
+#: The kind of violation each bug is caught by (a phrase of the checker's message).
+VIOLATIONS: dict[str, str] = {
+    "double-settle": "was settled twice",
+    "unfenced-settle": "no longer held",
+    "step-rerun": "recorded completed twice",
+    "drain-counts": "handed back with its attempt counted but no failure",
+    "dedupe-ignores-tenant": "jobs per tenant",
+    "lease-not-released": "still holds a concurrency lease",
+    "compensation-reversed": "compensated ['charge', 'reserve'], expected ['reserve', 'charge']",
+    "cancelled-body-writes": "after its worker w0.0 aborted it (drain)",
+    "event-before-wait": "the first payment since",
+    "waiter-not-woken": "runs wait on keys nothing holds or takes",
+}
+
 
 def test_every_planted_bug_has_a_catcher() -> None:
-    assert set(CATCHERS) == set(NAMES)
+    assert set(CATCHERS) == set(NAMES) == set(VIOLATIONS)
     assert len(NAMES) >= 8
     assert importlib.util.find_spec("simulation") is not None
 
@@ -62,6 +77,7 @@ async def test_the_simulation_catches_the_planted_bug(
     assert caught is not None, f"the planted bug {bug!r} went unnoticed by {scenario}"
     assert caught.code == "X_SIMULATION_INVARIANT"
     assert "seed" in caught.message
+    assert VIOLATIONS[bug] in caught.message, caught.message
 
 
 async def test_crash_proof_catches_a_step_rerun() -> None:
@@ -97,3 +113,65 @@ async def test_crash_proof_catches_a_step_rerun() -> None:
 def test_planting_an_unknown_bug_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown planted bug"), planted("no-such-bug"):
         pass
+
+
+#: A product module that reads a planted switch, or imports the planting module.
+_READS_A_SWITCH = re.compile(
+    r"_planted\.active|\bimport _planted\b|\._planted import|\b_planted import"
+)
+
+
+def test_no_product_module_reads_a_planted_switch() -> None:
+    # Planting replaces methods for a block; the product never asks whether a
+    # bug is planted, nor imports the planting module.
+    assert _READS_A_SWITCH.search('if landed and _planted.active("double-settle"):')
+    assert _READS_A_SWITCH.search("from ... import _planted")
+    assert _READS_A_SWITCH.search("from trio_jobs._planted import planted")
+    src = ROOT / "src" / "trio_jobs"
+    planting = src / "_planted.py"
+    modules = sorted(src.rglob("*.py"))
+    assert planting in modules
+    assert len(modules) > 20
+    readers = [
+        str(path.relative_to(src))
+        for path in modules
+        if path != planting and _READS_A_SWITCH.search(path.read_text(encoding="utf-8"))
+    ]
+    assert readers == []
+
+
+def _replaceable() -> dict[str, object]:
+    from trio_jobs import _unwind
+    from trio_jobs._context import RunState, Steps
+    from trio_jobs._worker import Worker
+    from trio_jobs.drivers.memory import _driver as memory
+
+    owners: list[tuple[str, object, tuple[str, ...]]] = [
+        ("Worker", Worker, ("_settle_write", "_nack")),
+        ("Steps", Steps, ("run", "transaction")),
+        ("RunState", RunState, ("refuse_past_abort",)),
+        ("_unwind", _unwind, ("compensation_order",)),
+        ("memory", memory, ("_key",)),
+        ("MemoryDriver", memory.MemoryDriver, ("_owned", "_release_leases", "_wake_waiter")),
+        ("_MemoryEvents", memory._MemoryEvents, ("poll",)),
+    ]
+    return {
+        f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names
+    }
+
+
+@pytest.mark.parametrize("bug", sorted(NAMES))
+def test_planting_replaces_methods_for_the_block_only(bug: str) -> None:
+    from trio_jobs._planted import active
+
+    before = _replaceable()
+    assert not active(bug)
+    with planted(bug):
+        assert active(bug)
+        during = _replaceable()
+        assert {k for k in before if during[k] is not before[k]}, f"{bug} replaced nothing"
+        with planted(bug):  # nested: the inner block restores what it found
+            pass
+        assert _replaceable() == during
+    assert not active(bug)
+    assert all(after is before[k] for k, after in _replaceable().items())

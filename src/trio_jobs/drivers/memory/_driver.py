@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 import trio
 
-from ... import _planted
 from ..._time import Clock, TrioClock
 from ...errors import ErrorCode, JobsError
 from .._cursor import decode_cursor, encode_cursor
@@ -99,8 +98,6 @@ def _seq(record: StepRecord) -> int:
 
 
 def _key(name: str, tenant_id: str | None, key: str) -> tuple[str, str | None, str]:
-    if _planted.active("dedupe-ignores-tenant"):
-        return (name, None, key)
     return (name, tenant_id, key)
 
 
@@ -503,10 +500,6 @@ class MemoryDriver:
         row = self._rows.get(job_id)
         if row is None:
             return None
-        if _planted.active("double-settle") and row.state == "done" and row.settled_fence == fence:
-            return row
-        if _planted.active("unfenced-settle"):
-            return row  # no fence, no lease: whoever calls, lands
         if row.state != "running" or (row.fence is not fence and row.fence != fence):
             return None
         if row.lease_expires_at <= (self.now() if now is None else now):
@@ -645,12 +638,11 @@ class MemoryDriver:
     # ------------------------------------------------------------------ leases
 
     def _release_leases(self, job_id: str) -> None:
-        if _planted.active("lease-not-released") or not self._leases:
+        if not self._leases:
             return
         for lkey in [k for k, v in self._leases.items() if v[0] == job_id]:
             del self._leases[lkey]
-            if not _planted.active("waiter-not-woken"):
-                self._wake_waiter(lkey[0])
+            self._wake_waiter(lkey[0])
 
     def _key_held(self, lease_key: str, now: float) -> bool:
         return any(k == lease_key and v[2] > now for (k, _slot), v in self._leases.items())
@@ -710,8 +702,6 @@ class _MemoryEvents:
 
     async def poll(self, name: str, since: float) -> tuple[list[EventRecord], float]:
         self._d._check_open()
-        if _planted.active("event-before-wait"):
-            since = -math.inf
         found = [e for e in self._d._events if e.name == name and e.published_at >= since]
         return found, self._d.now()
 
