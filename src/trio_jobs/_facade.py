@@ -10,9 +10,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
 from . import _ambient, _tracing
 from ._declare import _MISSING, Enqueued, Job, check_job_list
+from ._lifetime import DriverLifetimes
 from ._serialization import payload_form
 from ._time import Duration, IdSource, UuidSource, parse_duration
 from .drivers._protocol import (
@@ -173,6 +175,8 @@ class Jobs:
         self.handles: dict[str, Job[Any, Any]] = check_job_list(jobs)
         self.ids: IdSource = ids if ids is not None else UuidSource()
         self._pending_driver: JobDriver | None = None
+        #: The drivers open_jobs holds open in its nursery (None outside it).
+        self._lifetimes: DriverLifetimes | None = None
         #: Where ``transaction()`` stages enqueues when the queue is not in the
         #: app's database (``open_jobs(..., outbox=postgres_outbox(dsn))``).
         self.outbox = outbox
@@ -374,9 +378,12 @@ async def open_jobs(
     """Open ``driver`` and install the ambient facade for the block.
 
     ``enqueue`` anywhere under it (request handler, job body, script, test)
-    resolves this facade. Leaving the block closes the driver. ``outbox`` (for a
-    queue outside the app's database, see :mod:`trio_jobs.outbox`) is opened and
-    closed with it, and ``jobs.transaction()`` stages into it.
+    resolves this facade. The driver lives in a nursery the block opens (its
+    ``open_in``): its background tasks are descendants of the task that entered
+    ``open_jobs``, and leaving the block closes it (shielded, at most 10 s) and
+    leaves none of them running. ``outbox`` (for a queue outside the app's
+    database, see :mod:`trio_jobs.outbox`) is opened and closed with it, and
+    ``jobs.transaction()`` stages into it.
     """
     if driver is None:
         if not _default_driver:
@@ -391,26 +398,44 @@ async def open_jobs(
             ErrorCode.X_CONFIG_INVALID, "open_jobs takes a driver, e.g. memory_driver()"
         )
     facade = Jobs(driver, jobs, ids=ids, outbox=outbox)
-    await driver.open()
-    token = _ambient.facade_var.set(facade)
-    try:
-        if outbox is not None:
-            await outbox.open()
-        yield facade
-    finally:
-        _ambient.facade_var.reset(token)
-        import trio
-
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            # The driver it opened, and any set_job_driver() swapped in (or left pending).
-            closing: builtins.list[JobDriver] = []
-            for each in (driver, facade.driver, facade._pending_driver):
-                if each is not None and all(each is not seen for seen in closing):
-                    closing.append(each)
-            for each in closing:
-                await each.close()
-            if outbox is not None:
-                await outbox.close()
+    # What the block raised, re-raised past the nursery so that it is not
+    # wrapped in an ExceptionGroup: nothing else in the nursery raises.
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        lifetimes = facade._lifetimes = DriverLifetimes(nursery)
+        try:
+            await lifetimes.open(driver)
+            token = _ambient.facade_var.set(facade)
+            try:
+                if outbox is not None:
+                    await outbox.open()
+                yield facade
+            finally:
+                _ambient.facade_var.reset(token)
+                try:
+                    with trio.CancelScope(shield=True), trio.move_on_after(10):
+                        # The driver it opened, and any set_job_driver() swapped in
+                        # (or left pending, never opened: closed all the same).
+                        closing: builtins.list[JobDriver] = []
+                        for each in (driver, facade.driver, facade._pending_driver):
+                            if each is not None and all(each is not seen for seen in closing):
+                                closing.append(each)
+                        for each in closing:
+                            if lifetimes.holds(each):
+                                await lifetimes.close(each)
+                            else:
+                                await each.close()
+                        if outbox is not None:
+                            await outbox.close()
+                finally:
+                    lifetimes.abandon()
+        except BaseException as exc:
+            failure = exc
+    if failure is not None:
+        try:
+            raise failure
+        finally:
+            del failure
 
 
 def current_jobs() -> Jobs:
@@ -428,7 +453,11 @@ def current_jobs() -> Jobs:
 async def _driver_of(facade: Jobs) -> JobDriver:
     pending = facade._pending_driver
     if pending is not None and pending is not facade.driver:
-        await pending.open()
+        lifetimes = facade._lifetimes
+        if lifetimes is None:
+            await pending.open()  # a facade built outside open_jobs
+        elif not lifetimes.holds(pending):
+            await lifetimes.open(pending)
         facade.driver = pending
         facade._pending_driver = None
     return facade.driver
