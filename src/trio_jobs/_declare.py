@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 import attrs
 import cattrs
 
+from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs
 from ._serialization import converter, json_schema, payload_form
 from ._time import Duration, parse_duration
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
 if TYPE_CHECKING:
     from ._context import JobContext
-    from ._facade import Actor
     from ._settled import Settled
 
 __all__ = [
@@ -43,7 +43,6 @@ R = TypeVar("R")
 MAX_CONCURRENCY_KEY = 200
 MAX_IDEMPOTENCY_KEY = 1_000
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-_MISSING: Any = object()
 
 Backoff = Literal["exponential", "linear", "fixed"]
 WhenBusy = Literal["wait", "fail"]
@@ -80,15 +79,6 @@ class Concurrency:
     limit: int
     key: Callable[[Any], str] | None = None
     when_busy: WhenBusy = "wait"
-
-
-@attrs.frozen
-class Enqueued:
-    """What an enqueue answers: the job's own ids, and whether a live key deduped it."""
-
-    id: str
-    run_id: str
-    deduped: bool
 
 
 _faults_t = list[str]
@@ -409,8 +399,6 @@ class Job(Generic[I, R]):
         A live job with the same idempotency key (for this job name and tenant)
         answers ``deduped=True`` and its own ids; the first payload wins.
         """
-        from ._facade import enqueue_inputs
-
         results = await enqueue_inputs(
             self,
             [input],
@@ -437,8 +425,6 @@ class Job(Generic[I, R]):
 
         Inside ``jobs.transaction()`` it commits or vanishes whole; outside one it is
         atomic per 1,000."""
-        from ._facade import enqueue_inputs
-
         items = list(inputs)
         return await enqueue_inputs(
             self,
@@ -465,8 +451,6 @@ class Job(Generic[I, R]):
 
         ``None``, or an actor with no org, leaves the tenant unset. It queues; it
         never runs inline."""
-        from ._facade import enqueue_inputs
-
         results = await enqueue_inputs(
             self,
             [input],

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import attrs
+import trio
 
-from . import _ambient, _tracing
-from ._declare import _MISSING, Enqueued, Job, check_job_list
+from . import _ambient
+from ._declare import Job, check_job_list
+from ._enqueue import (
+    CROSS_TENANT_PERMISSION,
+    Actor,
+    _epoch,
+    _job_id,
+    current_facade,
+    enqueue_inputs,
+)
+from ._lifetime import DriverLifetimes
 from ._serialization import payload_form
-from ._time import Duration, IdSource, UuidSource, parse_duration
+from ._time import IdSource, UuidSource
 from .drivers._protocol import (
-    ENQUEUE_CHUNK,
     MAX_BULK_ROWS,
-    MAX_ENQUEUE_BATCH,
     BulkFilter,
     BulkResult,
     CounterRow,
     DriverTransaction,
-    EnqueueRequest,
     JobDriver,
     JobIntrospection,
     JobPage,
@@ -48,30 +53,6 @@ __all__ = [
     "publish_event",
     "set_job_driver",
 ]
-
-CROSS_TENANT_PERMISSION = "tenancy:cross"
-
-
-@attrs.frozen
-class Actor:
-    """Who a run acts for: ``id``, the org (tenant) it belongs to, its permissions."""
-
-    id: str
-    org_id: str | None = None
-    permissions: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "org_id": self.org_id, "permissions": sorted(self.permissions)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> Actor | None:
-        if not data:
-            return None
-        return cls(
-            id=str(data["id"]),
-            org_id=data.get("org_id"),
-            permissions=frozenset(data.get("permissions") or ()),
-        )
 
 
 @contextlib.contextmanager
@@ -173,6 +154,8 @@ class Jobs:
         self.handles: dict[str, Job[Any, Any]] = check_job_list(jobs)
         self.ids: IdSource = ids if ids is not None else UuidSource()
         self._pending_driver: JobDriver | None = None
+        #: The drivers open_jobs holds open in its nursery (None outside it).
+        self._lifetimes: DriverLifetimes | None = None
         #: Where ``transaction()`` stages enqueues when the queue is not in the
         #: app's database (``open_jobs(..., outbox=postgres_outbox(dsn))``).
         self.outbox = outbox
@@ -187,6 +170,20 @@ class Jobs:
         """Add a job handle after ``open_jobs`` (a worker serving it needs it here)."""
         self.handles = check_job_list([*self.handles.values(), handle])
 
+    async def _resolved_driver(self) -> JobDriver:
+        """The driver calls go to: a driver set_job_driver() swapped in is opened
+        here by its first use (held with the block under open_jobs)."""
+        pending = self._pending_driver
+        if pending is not None and pending is not self.driver:
+            lifetimes = self._lifetimes
+            if lifetimes is None:
+                await pending.open()  # a facade built outside open_jobs
+            elif not lifetimes.holds(pending):
+                await lifetimes.open(pending)
+            self.driver = pending
+            self._pending_driver = None
+        return self.driver
+
     # ------------------------------------------------------------------ transactions
 
     @contextlib.asynccontextmanager
@@ -200,7 +197,7 @@ class Jobs:
             return
         _ambient.check_not_aborted()
         # With an outbox the transaction is the app's database's, and enqueues stage there.
-        source = self.outbox if self.outbox is not None else await _driver_of(self)
+        source = self.outbox if self.outbox is not None else await self._resolved_driver()
         async with source.transaction() as driver_tx:
             tx = Transaction(self, driver_tx)
             token = _ambient.tx_var.set(tx)
@@ -217,7 +214,7 @@ class Jobs:
     # ------------------------------------------------------------------ operator surface
 
     async def _introspect(self) -> JobIntrospection:
-        driver = await _driver_of(self)  # a driver set_job_driver() swapped in answers
+        driver = await self._resolved_driver()  # a driver set_job_driver() swapped in answers
         intro = driver.introspect
         if intro is None:
             raise JobsError(
@@ -340,27 +337,7 @@ class Jobs:
         return await (await self._introspect()).counters(name, _epoch(since) or 0.0)
 
     async def stats(self) -> builtins.list[QueueStats]:
-        return await (await _driver_of(self)).stats()
-
-
-def _job_id(value: object) -> str:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if not isinstance(value, str):
-        raise JobsError(ErrorCode.X_ID_INVALID, "a job id is a lowercase uuid string")
-    return value.lower()
-
-
-def _epoch(value: datetime | float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise JobsError(ErrorCode.X_INVARIANT, "pass an aware datetime (with a tzinfo)")
-        return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise JobsError(ErrorCode.X_INVARIANT, "pass a datetime or epoch seconds")
-    return float(value)
+        return await (await self._resolved_driver()).stats()
 
 
 @contextlib.asynccontextmanager
@@ -374,9 +351,12 @@ async def open_jobs(
     """Open ``driver`` and install the ambient facade for the block.
 
     ``enqueue`` anywhere under it (request handler, job body, script, test)
-    resolves this facade. Leaving the block closes the driver. ``outbox`` (for a
-    queue outside the app's database, see :mod:`trio_jobs.outbox`) is opened and
-    closed with it, and ``jobs.transaction()`` stages into it.
+    resolves this facade. The driver lives in a nursery the block opens (its
+    ``open_in``): its background tasks are descendants of the task that entered
+    ``open_jobs``, and leaving the block closes it (shielded, at most 10 s) and
+    leaves none of them running. ``outbox`` (for a queue outside the app's
+    database, see :mod:`trio_jobs.outbox`) is opened and closed with it, and
+    ``jobs.transaction()`` stages into it.
     """
     if driver is None:
         if not _default_driver:
@@ -391,203 +371,49 @@ async def open_jobs(
             ErrorCode.X_CONFIG_INVALID, "open_jobs takes a driver, e.g. memory_driver()"
         )
     facade = Jobs(driver, jobs, ids=ids, outbox=outbox)
-    await driver.open()
-    token = _ambient.facade_var.set(facade)
-    try:
-        if outbox is not None:
-            await outbox.open()
-        yield facade
-    finally:
-        _ambient.facade_var.reset(token)
-        import trio
-
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            # The driver it opened, and any set_job_driver() swapped in (or left pending).
-            closing: builtins.list[JobDriver] = []
-            for each in (driver, facade.driver, facade._pending_driver):
-                if each is not None and all(each is not seen for seen in closing):
-                    closing.append(each)
-            for each in closing:
-                await each.close()
-            if outbox is not None:
-                await outbox.close()
+    # What the block raised, re-raised past the nursery so that it is not
+    # wrapped in an ExceptionGroup: nothing else in the nursery raises.
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        lifetimes = facade._lifetimes = DriverLifetimes(nursery)
+        try:
+            await lifetimes.open(driver)
+            token = _ambient.facade_var.set(facade)
+            try:
+                if outbox is not None:
+                    await outbox.open()
+                yield facade
+            finally:
+                _ambient.facade_var.reset(token)
+                try:
+                    with trio.CancelScope(shield=True), trio.move_on_after(10):
+                        # The driver it opened, and any set_job_driver() swapped in
+                        # (or left pending, never opened: closed all the same).
+                        closing: builtins.list[JobDriver] = []
+                        for each in (driver, facade.driver, facade._pending_driver):
+                            if each is not None and all(each is not seen for seen in closing):
+                                closing.append(each)
+                        for each in closing:
+                            if lifetimes.holds(each):
+                                await lifetimes.close(each)
+                            else:
+                                await each.close()
+                        if outbox is not None:
+                            await outbox.close()
+                finally:
+                    lifetimes.abandon()
+        except BaseException as exc:
+            failure = exc
+    if failure is not None:
+        try:
+            raise failure
+        finally:
+            del failure
 
 
 def current_jobs() -> Jobs:
     """The ambient facade, or ``X_CONFIG_INVALID`` saying how to install one."""
-    facade = _ambient.facade_var.get()
-    if facade is None:
-        raise JobsError(
-            ErrorCode.X_CONFIG_INVALID,
-            "no jobs facade is installed here; wrap the code in `async with open_jobs(driver, jobs=[...])` "
-            "(or open_harness() in a test)",
-        )
-    return facade
-
-
-async def _driver_of(facade: Jobs) -> JobDriver:
-    pending = facade._pending_driver
-    if pending is not None and pending is not facade.driver:
-        await pending.open()
-        facade.driver = pending
-        facade._pending_driver = None
-    return facade.driver
-
-
-def _run_id(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, str):
-        try:
-            parsed = uuid.UUID(value)
-        except ValueError:
-            parsed = None
-        if parsed is not None and str(parsed) == value:
-            return value
-    raise JobsError(
-        ErrorCode.X_ID_INVALID,
-        "run_id must be a lowercase canonical uuid (str or uuid.UUID); nothing was queued",
-    )
-
-
-_INT_MIN = -(2**63)
-_INT_LIMIT = 2**64
-
-
-async def enqueue_inputs(
-    handle: Job[Any, Any],
-    inputs: Sequence[Any],
-    *,
-    run_ids: Sequence[Any],
-    delay: Duration | None,
-    run_at: datetime | float | None,
-    tenant_id: str | None,
-    priority: int,
-    actor: Any,
-) -> list[Enqueued]:
-    """The one enqueue implementation: every refusal before the first write."""
-    facade = current_jobs()
-    _ambient.check_not_aborted()
-    if len(inputs) > MAX_ENQUEUE_BATCH:
-        raise JobsError(
-            ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
-            f"enqueue_many takes at most {MAX_ENQUEUE_BATCH} inputs, got {len(inputs)}; page the source",
-        )
-    if delay is not None and run_at is not None:
-        raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
-    delay_s = parse_duration(delay, field="delay", allow_zero=True) if delay is not None else None
-    run_at_s = _epoch(run_at)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise JobsError(ErrorCode.X_INVARIANT, "priority must be an int (lower runs first)")
-    if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
-        raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
-
-    explicit_actor = actor is not _MISSING
-    actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
-    if explicit_actor and actor is not None and not isinstance(actor, Actor):
-        raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
-    # cross_tenant() admits the ambient actor only while that actor holds the
-    # permission: another actor set inside the block is checked as usual.
-    cross = (
-        _ambient.cross_tenant_var.get() is not None
-        and actor_obj is not None
-        and CROSS_TENANT_PERMISSION in actor_obj.permissions
-    )
-
-    # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
-    trace_context = _tracing.inject()
-    name, queue, sensitive = handle.name, handle.queue, handle.sensitive
-    max_attempts = handle.max_attempts
-    # A JSON-native input (int, str, bool) of exactly its declared type is its own
-    # structured value and parses back to itself: no parse, and no round trip.
-    native = handle.input if handle.input in (int, str, bool) else None
-    ids = facade.ids
-    # An unseeded uuid4 source makes a batch's ids in one call; any other source
-    # (a seeded stream, one passed in) is asked per id, in the order it always was.
-    fresh = ids.new_ids(2 * len(inputs)) if isinstance(ids, UuidSource) and not ids.seeded else None
-    requests: list[EnqueueRequest] = []
-    for index, raw in enumerate(inputs):
-        rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
-        if native is not None and type(raw) is native:
-            value = raw
-            # orjson writes ints of 64 bits; payload_form refuses the rest (and
-            # checks a string's size and encoding).
-            payload = (
-                raw
-                if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
-                else handle._payload(value)
-            )
-        else:
-            value = handle.parse(raw)
-            payload = handle._payload(value)
-            # Round trip: what the worker will parse must parse.
-            handle.parse(payload)
-        key = handle.idempotency_key_for(value)
-        ckey = handle.concurrency_key_for(value)
-        declared = handle.tenant_of(value)
-        row_tenant = declared
-        if tenant_id is not None:
-            if declared is not None and declared != tenant_id:
-                raise _mismatch(handle, "tenant_id=")
-            row_tenant = tenant_id
-        if explicit_actor:
-            org = actor_obj.org_id if actor_obj is not None else None
-            if org is not None:
-                if declared is not None and declared != org:
-                    raise _mismatch(handle, "the actor passed to enqueue_as")
-                row_tenant = org
-        elif actor_obj is not None and actor_obj.org_id is not None and not cross:
-            if declared is not None and declared != actor_obj.org_id:
-                raise _mismatch(handle, "the ambient actor")
-        if fresh is not None:
-            job_id = fresh[2 * index]
-            run_id = rid or fresh[2 * index + 1]
-        else:
-            job_id = ids.new_id()
-            run_id = rid or ids.new_id()
-        requests.append(
-            EnqueueRequest(
-                id=job_id,
-                run_id=run_id,
-                name=name,
-                queue=queue,
-                payload=payload,
-                idempotency_key=key,
-                max_attempts=max_attempts,
-                tenant_id=row_tenant,
-                concurrency_key=ckey,
-                priority=priority,
-                run_at=run_at_s,
-                delay=delay_s,
-                actor=actor_obj.to_json() if actor_obj is not None else None,
-                trace_context=trace_context,
-                sensitive=sensitive,
-            )
-        )
-    if not requests:
-        return []
-    driver = await _driver_of(facade)
-    tx = _ambient.tx_var.get()
-    results = []
-    for start in range(0, len(requests), ENQUEUE_CHUNK):
-        chunk = requests[start : start + ENQUEUE_CHUNK]
-        if tx is not None and tx.jobs is facade:
-            got = await tx.driver_tx.enqueue_many(chunk)
-        else:
-            got = await driver.enqueue_many(chunk)
-        results.extend(got)
-    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
-
-
-def _mismatch(handle: Job[Any, Any], source: str) -> JobsError:
-    return JobsError(
-        ErrorCode.X_JOB_TENANT_MISMATCH,
-        f"{handle.name}: the input's declared tenant differs from the tenant of {source}; "
-        "nothing was queued (use cross_tenant(reason) for an ambient actor holding tenancy:cross)",
-        meta={"job": handle.name},
-    )
+    return current_facade()
 
 
 async def publish_event(event: str, payload: Any) -> None:
@@ -605,7 +431,7 @@ async def publish_event(event: str, payload: Any) -> None:
     if tx is not None and tx.jobs is facade:
         await tx.driver_tx.publish(event, form)
         return
-    driver = await _driver_of(facade)
+    driver = await facade._resolved_driver()
     await driver.events.publish(event, form)
 
 

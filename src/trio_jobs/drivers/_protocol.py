@@ -12,11 +12,14 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
 from ..errors import ErrorCode, JobsError
+
+if TYPE_CHECKING:
+    import trio
 
 __all__ = [
     "AckOptions",
@@ -625,7 +628,19 @@ class JobDriver(Protocol):
         ...
 
     async def open(self) -> None:
-        """Connect and prepare (migrations, pools). Constructing does no I/O."""
+        """Connect and prepare (migrations, pools). Constructing does no I/O.
+
+        For a driver used outside ``open_jobs``: whatever background tasks it
+        needs run outside any nursery of the caller (the fallback)."""
+        ...
+
+    def open_in(self, nursery: trio.Nursery) -> AbstractAsyncContextManager[None]:
+        """Open like :meth:`open` for the block, every background task of the
+        driver (write combiners, push sessions) running in ``nursery``; leaving
+        the block closes it (:meth:`close`) and its tasks are gone. ``open_jobs``
+        enters it in a task of its own nursery, so the driver's tasks are
+        descendants of the task that entered ``open_jobs``. A driver with no
+        background tasks opens, yields and closes."""
         ...
 
     async def close(self) -> None: ...

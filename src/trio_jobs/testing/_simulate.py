@@ -493,6 +493,10 @@ class _SimDriver:
         return None
 
     @contextlib.asynccontextmanager
+    async def open_in(self, nursery: trio.Nursery) -> AsyncIterator[None]:
+        yield
+
+    @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
         await self._gate("transaction", ())
         async with self._d.transaction() as tx:

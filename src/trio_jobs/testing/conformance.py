@@ -1081,6 +1081,21 @@ class DriverConformance:
         assert await intro.purge(now - 14 * 86_400.0, now - 90 * 86_400.0, 2) == 2
         assert await intro.purge(now - 14 * 86_400.0, now - 90 * 86_400.0, 2) == 1
 
+    async def test_open_in_holds_the_driver_open_for_its_block(self, target: Target) -> None:
+        """``open_in(nursery)`` (what ``open_jobs`` enters) opens the driver for the
+        block and closes it on the way out, its tasks gone with the nursery."""
+        d = target.driver
+        await d.close()
+        async with trio.open_nursery() as nursery:
+            async with d.open_in(nursery):
+                assert not d.closed
+                assert len(await d.enqueue_many([request(key="in-block")])) == 1
+            assert d.closed
+        with pytest.raises(JobsError) as err:
+            await d.enqueue_many([request(key="after-block")])
+        assert err.value.code == "X_DRIVER_UNAVAILABLE"
+        await d.open()
+
     async def test_a_closed_driver_is_unavailable(self, target: Target) -> None:
         d = target.driver
         await d.close()

@@ -209,6 +209,15 @@ class MemoryDriver:
     async def close(self) -> None:
         self.closed = True
 
+    @asynccontextmanager
+    async def open_in(self, nursery: trio.Nursery) -> AsyncIterator[None]:
+        """Open for the block (the memory driver has no background tasks)."""
+        await self.open()
+        try:
+            yield
+        finally:
+            await self.close()
+
     def now(self) -> float:
         return self.clock.now()
 

@@ -237,6 +237,21 @@ class PostgresDriver:
         return await embedded_dsn()
 
     async def open(self) -> None:
+        """Open outside ``open_jobs``: the driver's tasks run in a Trio system
+        task until :meth:`close` (the fallback; ``open_jobs`` uses :meth:`open_in`)."""
+        await self._open(None)
+
+    @asynccontextmanager
+    async def open_in(self, nursery: trio.Nursery) -> AsyncIterator[None]:
+        """Open for the block, the step writer, the acker and the LISTEN session
+        in a task of ``nursery``; leaving the block closes the driver."""
+        await self._open(nursery)
+        try:
+            yield
+        finally:
+            await self.close()
+
+    async def _open(self, nursery: trio.Nursery | None) -> None:
         if self.opened and not self.closed:
             return
         dsn = await self._resolve_dsn()
@@ -270,7 +285,7 @@ class PostgresDriver:
             await self._measure_skew()
             if self.wake is not None:
                 self.wake.reset()
-            await self._start_service()
+            await self._start_service(nursery)
         except BaseException:
             await self._db.pool.close()
             self._db = None
@@ -286,10 +301,10 @@ class PostgresDriver:
         after = self._system.now()
         self._skew = float(rows[0][0]) - (before + after) / 2
 
-    async def _start_service(self) -> None:
+    async def _start_service(self, nursery: trio.Nursery | None) -> None:
         """Run the driver's own tasks (the step writer, the acker, the LISTEN
-        session) in a system task (see :class:`ServiceTasks`)."""
-        await self._service.start(self._step_writer.run, self._acker.run)
+        session) in ``nursery``, else a system task (see :class:`ServiceTasks`)."""
+        await self._service.start(self._step_writer.run, self._acker.run, nursery=nursery)
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
         self._service.spawn(fn, lambda: unavailable(None, "PostgreSQL (the driver is not open)"))

@@ -24,6 +24,7 @@ from typing import Any
 import coredis
 import coredis.exceptions
 import coredis.retry
+import trio
 
 from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
@@ -298,6 +299,22 @@ class RedisDriver:
         return url
 
     async def open(self) -> None:
+        """Open outside ``open_jobs``: the connection pool and the wake session
+        run in a Trio system task until :meth:`close` (the fallback; ``open_jobs``
+        uses :meth:`open_in`)."""
+        await self._open(None)
+
+    @asynccontextmanager
+    async def open_in(self, nursery: trio.Nursery) -> AsyncIterator[None]:
+        """Open for the block, the connection pool and the wake session in a
+        task of ``nursery``; leaving the block closes the driver."""
+        await self._open(nursery)
+        try:
+            yield
+        finally:
+            await self.close()
+
+    async def _open(self, nursery: trio.Nursery | None) -> None:
         if self.opened and not self.closed:
             return
         url = self._resolve_url()
@@ -322,7 +339,7 @@ class RedisDriver:
         self._url = url
         self._client = client
         self.closed = False
-        await self._start_service(client)
+        await self._start_service(client, nursery)
         try:
             for name in SCRIPT_NAMES:
                 await self._call(self.client.script_load(script_source(name)), "SCRIPT LOAD")
@@ -375,10 +392,12 @@ class RedisDriver:
         after = self._system.now()
         self._skew = reply.timestamp() - (before + after) / 2
 
-    async def _start_service(self, client: coredis.Redis[str]) -> None:
-        """Hold the client's connection pool (and the wake session) in a system
-        task (see :class:`ServiceTasks`)."""
-        if not await self._service.start(context=client):
+    async def _start_service(
+        self, client: coredis.Redis[str], nursery: trio.Nursery | None
+    ) -> None:
+        """Hold the client's connection pool (and the wake session) in
+        ``nursery``, else a system task (see :class:`ServiceTasks`)."""
+        if not await self._service.start(context=client, nursery=nursery):
             raise unavailable(None, "the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:

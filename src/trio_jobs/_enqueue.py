@@ -1,0 +1,257 @@
+"""The one enqueue implementation and what it needs: the actor, the ids and times
+it parses, the ``Enqueued`` answer.
+
+Below both the declarations (``Job.enqueue`` calls :func:`enqueue_inputs`) and the
+facade (which re-exports :class:`Actor`): it finds the facade through
+:mod:`._ambient`, and imports neither ``_declare`` nor ``_facade`` at run time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from . import _ambient, _tracing
+from ._time import Duration, UuidSource, parse_duration
+from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, EnqueueRequest
+from .errors import ErrorCode, JobsError
+
+if TYPE_CHECKING:
+    from ._declare import Job
+    from ._facade import Jobs
+
+__all__ = [
+    "CROSS_TENANT_PERMISSION",
+    "Actor",
+    "Enqueued",
+    "current_facade",
+    "enqueue_inputs",
+]
+
+#: "Argument not passed" (``enqueue_as(None, ...)`` passes ``None`` on purpose).
+_MISSING: Any = object()
+
+CROSS_TENANT_PERMISSION = "tenancy:cross"
+
+
+@attrs.frozen
+class Actor:
+    """Who a run acts for: ``id``, the org (tenant) it belongs to, its permissions."""
+
+    id: str
+    org_id: str | None = None
+    permissions: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "org_id": self.org_id, "permissions": sorted(self.permissions)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Actor | None:
+        if not data:
+            return None
+        return cls(
+            id=str(data["id"]),
+            org_id=data.get("org_id"),
+            permissions=frozenset(data.get("permissions") or ()),
+        )
+
+
+@attrs.frozen
+class Enqueued:
+    """What an enqueue answers: the job's own ids, and whether a live key deduped it."""
+
+    id: str
+    run_id: str
+    deduped: bool
+
+
+def current_facade() -> Jobs:
+    """The ambient facade, or ``X_CONFIG_INVALID`` saying how to install one."""
+    facade = _ambient.facade_var.get()
+    if facade is None:
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            "no jobs facade is installed here; wrap the code in `async with open_jobs(driver, jobs=[...])` "
+            "(or open_harness() in a test)",
+        )
+    return facade
+
+
+def _job_id(value: object) -> str:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if not isinstance(value, str):
+        raise JobsError(ErrorCode.X_ID_INVALID, "a job id is a lowercase uuid string")
+    return value.lower()
+
+
+def _epoch(value: datetime | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise JobsError(ErrorCode.X_INVARIANT, "pass an aware datetime (with a tzinfo)")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JobsError(ErrorCode.X_INVARIANT, "pass a datetime or epoch seconds")
+    return float(value)
+
+
+def _run_id(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and str(parsed) == value:
+            return value
+    raise JobsError(
+        ErrorCode.X_ID_INVALID,
+        "run_id must be a lowercase canonical uuid (str or uuid.UUID); nothing was queued",
+    )
+
+
+_INT_MIN = -(2**63)
+_INT_LIMIT = 2**64
+
+
+async def enqueue_inputs(
+    handle: Job[Any, Any],
+    inputs: Sequence[Any],
+    *,
+    run_ids: Sequence[Any],
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> list[Enqueued]:
+    """The one enqueue implementation: every refusal before the first write."""
+    facade = current_facade()
+    _ambient.check_not_aborted()
+    if len(inputs) > MAX_ENQUEUE_BATCH:
+        raise JobsError(
+            ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
+            f"enqueue_many takes at most {MAX_ENQUEUE_BATCH} inputs, got {len(inputs)}; page the source",
+        )
+    if delay is not None and run_at is not None:
+        raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
+    delay_s = parse_duration(delay, field="delay", allow_zero=True) if delay is not None else None
+    run_at_s = _epoch(run_at)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise JobsError(ErrorCode.X_INVARIANT, "priority must be an int (lower runs first)")
+    if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
+        raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
+
+    explicit_actor = actor is not _MISSING
+    actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
+    if explicit_actor and actor is not None and not isinstance(actor, Actor):
+        raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
+    # cross_tenant() admits the ambient actor only while that actor holds the
+    # permission: another actor set inside the block is checked as usual.
+    cross = (
+        _ambient.cross_tenant_var.get() is not None
+        and actor_obj is not None
+        and CROSS_TENANT_PERMISSION in actor_obj.permissions
+    )
+
+    # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
+    trace_context = _tracing.inject()
+    name, queue, sensitive = handle.name, handle.queue, handle.sensitive
+    max_attempts = handle.max_attempts
+    # A JSON-native input (int, str, bool) of exactly its declared type is its own
+    # structured value and parses back to itself: no parse, and no round trip.
+    native = handle.input if handle.input in (int, str, bool) else None
+    ids = facade.ids
+    # An unseeded uuid4 source makes a batch's ids in one call; any other source
+    # (a seeded stream, one passed in) is asked per id, in the order it always was.
+    fresh = ids.new_ids(2 * len(inputs)) if isinstance(ids, UuidSource) and not ids.seeded else None
+    requests: list[EnqueueRequest] = []
+    for index, raw in enumerate(inputs):
+        rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
+        if native is not None and type(raw) is native:
+            value = raw
+            # orjson writes ints of 64 bits; payload_form refuses the rest (and
+            # checks a string's size and encoding).
+            payload = (
+                raw
+                if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
+                else handle._payload(value)
+            )
+        else:
+            value = handle.parse(raw)
+            payload = handle._payload(value)
+            # Round trip: what the worker will parse must parse.
+            handle.parse(payload)
+        key = handle.idempotency_key_for(value)
+        ckey = handle.concurrency_key_for(value)
+        declared = handle.tenant_of(value)
+        row_tenant = declared
+        if tenant_id is not None:
+            if declared is not None and declared != tenant_id:
+                raise _mismatch(handle, "tenant_id=")
+            row_tenant = tenant_id
+        if explicit_actor:
+            org = actor_obj.org_id if actor_obj is not None else None
+            if org is not None:
+                if declared is not None and declared != org:
+                    raise _mismatch(handle, "the actor passed to enqueue_as")
+                row_tenant = org
+        elif actor_obj is not None and actor_obj.org_id is not None and not cross:
+            if declared is not None and declared != actor_obj.org_id:
+                raise _mismatch(handle, "the ambient actor")
+        if fresh is not None:
+            job_id = fresh[2 * index]
+            run_id = rid or fresh[2 * index + 1]
+        else:
+            job_id = ids.new_id()
+            run_id = rid or ids.new_id()
+        requests.append(
+            EnqueueRequest(
+                id=job_id,
+                run_id=run_id,
+                name=name,
+                queue=queue,
+                payload=payload,
+                idempotency_key=key,
+                max_attempts=max_attempts,
+                tenant_id=row_tenant,
+                concurrency_key=ckey,
+                priority=priority,
+                run_at=run_at_s,
+                delay=delay_s,
+                actor=actor_obj.to_json() if actor_obj is not None else None,
+                trace_context=trace_context,
+                sensitive=sensitive,
+            )
+        )
+    if not requests:
+        return []
+    driver = await facade._resolved_driver()
+    tx = _ambient.tx_var.get()
+    results = []
+    for start in range(0, len(requests), ENQUEUE_CHUNK):
+        chunk = requests[start : start + ENQUEUE_CHUNK]
+        if tx is not None and tx.jobs is facade:
+            got = await tx.driver_tx.enqueue_many(chunk)
+        else:
+            got = await driver.enqueue_many(chunk)
+        results.extend(got)
+    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+
+
+def _mismatch(handle: Job[Any, Any], source: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_JOB_TENANT_MISMATCH,
+        f"{handle.name}: the input's declared tenant differs from the tenant of {source}; "
+        "nothing was queued (use cross_tenant(reason) for an ambient actor holding tenancy:cross)",
+        meta={"job": handle.name},
+    )
