@@ -161,6 +161,11 @@ class Attempt:
             if self.phase is Phase.LOST:
                 state.lost = True
 
+    def detach(self) -> None:
+        """The slot is done with the attempt: drop the run state's link back to it."""
+        if self.state is not None:
+            self.state.on_lost = None
+
     def _state_lost(self) -> None:
         # A write found the lease gone. An abandoned body may still be writing:
         # it stays abandoned (its verdict is taken already).

@@ -777,6 +777,10 @@ class Worker:
             ran = trio.current_time() - began if held.state is not None else None
             self._observer.slot_freed(claimed.queue, claimed.name, ran)
             self._held.pop(_claim_key(held.claimed), None)
+            # The attempt and its run state point at each other (a refused write
+            # tells the attempt): break the cycle, so both go with the slot and not
+            # with the next collection of the garbage collector.
+            held.detach()
             self._in_flight[held.claimed.queue] -= 1
             if self._slot_freed is not None:
                 self._slot_freed.set()

@@ -106,3 +106,32 @@ async def test_a_worker_moves_each_attempt_through_the_table(
     # (a sleep's hand-back settles its claim too; the wake is a new claim).
     assert moves
     assert all(seen == path for seen in moves.values()), moves
+
+
+@job(input=Item, idempotency_key=lambda i: i.key, name="att.steps")
+async def stepped(ctx: JobContext[Item]) -> int:
+    a = await ctx.step.run("a", lambda: 1)
+    b = await ctx.step.run("b", lambda: 2)
+    return int(a) + int(b)
+
+
+@pytest.mark.parametrize("handle", [noop, stepped], ids=["noop", "steps"])
+async def test_a_finished_attempt_leaves_no_garbage_cycle(autojump_clock: Any, handle: Any) -> None:
+    # An attempt and its run state point at each other while the slot runs; the
+    # slot breaks the link when it ends. A cycle per job made every run garbage
+    # that only the collector frees: 300 collections and 4,500 objects left
+    # unreachable per 20,000 no-op jobs, ~15% of the worker's throughput.
+    import gc
+
+    async with jobs_on_memory([handle]) as (jobs, _driver):
+        await handle.enqueue_many([Item(f"g{i}") for i in range(200)])
+        gc.collect()
+        gc.disable()
+        try:
+            worker = Worker(jobs, concurrency=16)
+            await worker.run_until_quiet()
+            left = gc.collect()
+        finally:
+            gc.enable()
+        assert worker.stats().done == 200
+    assert left == 0
