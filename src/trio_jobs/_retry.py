@@ -125,19 +125,7 @@ def decide(
         # An unclassified code, or a retry-after code without usable seconds (or
         # a job this worker does not know): the ordinary backoff.
         delay = backoff_delay(policy, attempt, jitter)
-    return Decision(
-        code,
-        message,
-        NackOptions(
-            fence=fence,
-            state="ready",
-            counted=True,
-            delay=delay,
-            error_code=code,
-            last_error=message,
-            progress=progress,
-        ),
-    )
+    return Decision(code, message, _again(fence, delay, code, message, progress))
 
 
 def decide_unwind(
@@ -161,14 +149,12 @@ def decide_unwind(
         return Decision(
             code,
             message,
-            NackOptions(
-                fence=fence,
-                state="ready",
-                counted=True,
-                delay=backoff_delay(retry, attempt, jitter),
-                error_code=code,
-                last_error=f"{message}; compensation of step {step!r} failed ({cause}), "
-                "retrying the unwind",
+            _again(
+                fence,
+                backoff_delay(retry, attempt, jitter),
+                code,
+                f"{message}; compensation of step {step!r} failed ({cause}), retrying the unwind",
+                None,
             ),
         )
     return Decision(
@@ -176,6 +162,21 @@ def decide_unwind(
         f"{ErrorCode.X_JOB_COMPENSATION_FAILED}: compensation of step {step!r} failed "
         f"({cause}); fix it, then `trio-jobs retry ID`. Original failure: {message}",
         None,
+    )
+
+
+def _again(
+    fence: Fence, delay: float, code: str | None, last_error: str, progress: Progress | None
+) -> NackOptions:
+    """The counted hand-back of a run retried after ``delay``."""
+    return NackOptions(
+        fence=fence,
+        state="ready",
+        counted=True,
+        delay=delay,
+        error_code=code,
+        last_error=last_error,
+        progress=progress,
     )
 
 
