@@ -44,7 +44,7 @@ from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
 from ._unwind import unwind
-from ._write_retry import write_retrying
+from ._write_retry import is_transient, write_retrying
 from .drivers._protocol import (
     AckOptions,
     ClaimedJob,
@@ -271,6 +271,9 @@ class Worker:
         #: Told of every attempt's move before it is checked (the simulation
         #: fails on an illegal one); None in production.
         self._on_move: Callable[[Attempt, Phase, Phase], None] | None = None
+        #: A claim failed with a transient error: it may have committed rows
+        #: whose answer never came (see _release_orphans).
+        self._orphans_possible = False
 
     # ------------------------------------------------------------------ public
 
@@ -487,9 +490,14 @@ class Worker:
                 await self._slot_freed.wait()
                 continue
             try:
+                if self._orphans_possible:
+                    await self._release_orphans()
                 claimed_n, buried = await self._claim_pass(nursery, drop)
             except JobsError as exc:
                 _log(logging.WARNING, "jobs.claim.failed", code=exc.code, worker_id=self.id)
+                # The claim may have committed with its answer lost: its rows run
+                # under this worker, unknown to it. Hand them back before the next.
+                self._orphans_possible = self._orphans_possible or is_transient(exc)
                 await self._idle_wait(delay)
                 delay = min(delay * 2, self.idle_poll_max)
                 continue
@@ -511,6 +519,22 @@ class Worker:
                 continue
             await self._idle_wait(self._quiet_delay(delay))
             delay = min(delay * 2, self.idle_poll_max)
+
+    async def _release_orphans(self) -> None:
+        """Hand back, uncounted, the rows a claim took whose answer never came (a
+        failed claim may have committed): the driver's ``release_orphans`` with
+        the claims this worker holds."""
+        held = frozenset(claim for _id, claim in self._held)
+        released = await self.driver.release_orphans(self.id, held)
+        self._orphans_possible = False
+        if released:
+            _log(
+                logging.WARNING,
+                "jobs.claim.orphans-released",
+                worker_id=self.id,
+                count=len(released),
+                code=ErrorCode.X_DRIVER_UNAVAILABLE,
+            )
 
     def _quiet_delay(self, delay: float) -> float:
         """How long to wait after a claim that left nothing due. The backoff

@@ -85,6 +85,13 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "`retry_in` seconds, within the write budget and while the lease holds; past the budget "
         "the run is handed back uncounted (jobs.attempt.faulted), never failed",
     ),
+    "jobs.claim.orphans-released": (
+        "warning",
+        ("worker_id", "count", "code"),
+        "a claim failed after it may have committed (its answer was lost with the connection): "
+        "the `count` rows it took, running under this worker unknown to it, went back to the "
+        "queue with the attempt uncounted (code X_DRIVER_UNAVAILABLE in last_error)",
+    ),
     "jobs.claim.exhausted": (
         "warning",
         ("job_id", "attempt", "code", "queue", "worker_id"),

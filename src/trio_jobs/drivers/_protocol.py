@@ -274,6 +274,14 @@ class NackOptions:
     busy_key: str | None = None
 
 
+#: ``last_error`` of a row :meth:`JobDriver.release_orphans` handed back.
+ORPHAN_MESSAGE = (
+    "X_DRIVER_UNAVAILABLE: a claim took this row but its answer never reached the worker "
+    "(the connection dropped after the claim committed); handed back with the attempt "
+    "uncounted"
+)
+
+
 class HeartbeatStatus:
     """What a heartbeat answers per row: ``ok``, ``lost`` or ``cancelled``."""
 
@@ -665,6 +673,17 @@ class JobDriver(Protocol):
     ) -> list[str]:
         """Renew each held row's lease (and its concurrency leases) in one round
         trip; one :class:`HeartbeatStatus` value per request."""
+        ...
+
+    async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
+        """Hand back, **uncounted**, every row running under ``worker_id`` whose
+        lease still holds and whose claim is not in ``held`` (the claims the worker
+        knows it holds): rows a claim took whose answer never reached the worker
+        (the connection dropped after the claim committed). Each goes back
+        ``ready``, due at once, its concurrency leases released, with
+        ``X_DRIVER_UNAVAILABLE`` as its error. Answers their ids. A worker calls it
+        after a claim failed, before it claims again; otherwise such rows would
+        wait for their lease to lapse and be counted."""
         ...
 
     async def stats(self) -> list[QueueStats]: ...

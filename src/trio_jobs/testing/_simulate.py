@@ -367,6 +367,12 @@ class _Checker:
                 self.fail(f"two live leases on job {job.id}: {held[0]} and {job.fence}")
             self.holders[job.id] = (job.fence, job.lease_expires_at)
 
+    def on_released(self, job_ids: list[str]) -> None:
+        """Orphans of a claim whose answer was lost went back to the queue: their
+        claims hold nothing any more."""
+        for job_id in job_ids:
+            self.holders.pop(job_id, None)
+
     def on_settle(self, job_id: str, fence: Any, landed: bool) -> None:
         held = self.holders.get(job_id)
         if landed and held is not None and held[0] == fence and held[1] <= self.driver.now():
@@ -585,6 +591,9 @@ class _SimDriver:
                 [j.id[:8] for j in result.jobs],
                 [e.id[:8] for e in result.exhausted],
             )
+        elif method == "release_orphans":
+            checker.on_released(list(result))
+            sim.record(self.label, "released", [i[:8] for i in result])
         elif method == "enqueue_many":
             for r in result:
                 checker.enqueued.add(r.id)
@@ -626,6 +635,9 @@ class _SimDriver:
 
     async def nack(self, job_id: str, options: NackOptions) -> Any:
         return await self._call("nack", self._d.nack, job_id, options)
+
+    async def release_orphans(self, worker_id: str, held: frozenset[int]) -> Any:
+        return await self._call("release_orphans", self._d.release_orphans, worker_id, held)
 
     async def heartbeat(self, requests: Any, visibility_timeout: float) -> Any:
         faults = self._sim.faults
@@ -857,6 +869,7 @@ _TOUCHED: dict[str, Callable[[tuple[Any, ...], Any], list[str]]] = {
     "introspect.requeue": _first_arg,
     "introspect.promote": _first_arg,
     "heartbeat": lambda args, result: [r.job_id for r in args[0]],
+    "release_orphans": lambda args, result: list(result),
 }
 
 

@@ -486,6 +486,47 @@ class DriverConformance:
         ]
         assert not await d.ack(job.id, AckOptions(fence=job.fence))
 
+    async def test_release_orphans_hands_back_only_the_claims_a_worker_does_not_hold(
+        self, target: Target
+    ) -> None:
+        """A claim whose answer was lost left rows running under the worker: they
+        go back uncounted, due now, their slots released; the claims it holds,
+        other workers' rows and lapsed leases are left alone."""
+        d = target.driver
+        await d.enqueue_many(
+            [request(key=k, max_attempts=1) for k in ("held", "lost1", "lost2", "other")]
+        )
+        held = await _one(d, "w1")
+        lost = (await d.claim(_claim("w1", 2))).jobs  # "its answer never came"
+        other = await _one(d, "w2")
+        assert len(lost) == 2
+        leases = d.leases
+        if leases is not None:
+            grant = await leases.acquire("orph", 1, lost[0].id, lost[0].fence, VT)
+            assert grant.slot == 0
+        released = await d.release_orphans("w1", frozenset({held.fence.claim}))
+        assert sorted(released) == sorted(j.id for j in lost)
+        # Due at once, attempt given back: a claim takes them on attempt 1 again.
+        again = (await d.claim(_claim("w3", 10))).jobs
+        assert sorted(j.id for j in again) == sorted(j.id for j in lost)
+        assert all(j.attempt == 1 for j in again)
+        if leases is not None:  # the orphan's slot was released
+            grant = await leases.acquire("orph", 1, again[0].id, again[0].fence, VT)
+            assert grant.slot == 0
+        # The claim it holds and the other worker's row are untouched.
+        assert await d.ack(held.id, AckOptions(fence=held.fence))
+        assert await d.ack(other.id, AckOptions(fence=other.fence))
+        # The released claims are not the worker's any more.
+        assert not await d.ack(lost[0].id, AckOptions(fence=lost[0].fence))
+        # Nothing left to release.
+        assert await d.release_orphans("w1", frozenset()) == []
+        intro = d.introspect
+        if intro is not None:
+            await d.ack(again[0].id, AckOptions(fence=again[0].fence))
+            await d.nack(again[1].id, NackOptions(fence=again[1].fence, state="dead"))
+            view = await intro.show(again[1].id)
+            assert view.attempts == 1
+
     # ------------------------------------------------------------------ steps
 
     async def test_steps_are_fenced_ordered_and_replaced_in_place(self, target: Target) -> None:

@@ -25,6 +25,7 @@ from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
     LIVE_STATES,
     MAX_BULK_ROWS,
+    ORPHAN_MESSAGE,
     PROMOTABLE_STATES,
     TERMINAL_STATES,
     AckOptions,
@@ -596,6 +597,33 @@ class MemoryDriver:
         if run_at <= now:
             self._wake.fire()
         return True
+
+    async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
+        self._check_open()
+        now = self.now()
+        orphans = sorted(
+            row.id
+            for row in self._rows.values()
+            if row.state == "running"
+            and row.fence is not None
+            and row.fence.worker_id == worker_id
+            and row.fence.claim not in held
+            and row.lease_expires_at > now
+        )
+        for job_id in orphans:
+            row = self._rows[job_id]
+            assert row.fence is not None
+            await self.nack(
+                job_id,
+                NackOptions(
+                    fence=row.fence,
+                    state="ready",
+                    counted=False,
+                    error_code=ErrorCode.X_DRIVER_UNAVAILABLE,
+                    last_error=ORPHAN_MESSAGE,
+                ),
+            )
+        return orphans
 
     async def heartbeat(
         self, requests: Sequence[HeartbeatRequest], visibility_timeout: float

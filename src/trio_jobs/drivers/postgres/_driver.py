@@ -35,6 +35,7 @@ from .._protocol import (
     ENQUEUE_CHUNK,
     LIVE_STATES,
     MAX_BULK_ROWS,
+    ORPHAN_MESSAGE,
     PROMOTABLE_STATES,
     TERMINAL_STATES,
     AckOptions,
@@ -673,6 +674,15 @@ class PostgresDriver:
             # due now, or a released slot made the first run waiting on its key due
             self._fire([queue])
         return True
+
+    async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
+        rows = await self._fetch(
+            "release_orphans",
+            {"worker_id": worker_id, "held": sorted(held), "message": ORPHAN_MESSAGE},
+        )
+        if rows:
+            self._fire(sorted({str(r[1]) for r in rows}))
+        return [str(r[0]) for r in rows]
 
     async def heartbeat(
         self, requests: Sequence[HeartbeatRequest], visibility_timeout: float

@@ -31,6 +31,7 @@ from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from .._protocol import (
     ENQUEUE_CHUNK,
+    ORPHAN_MESSAGE,
     AckOptions,
     ClaimedJob,
     ClaimOptions,
@@ -643,6 +644,12 @@ class RedisDriver:
         if int(landed[2]):
             self._fire([_s(landed[1])])  # due now: this process's waiters need no round trip
         return True
+
+    async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
+        reply = await self._script(
+            "release_orphans", [worker_id, ORPHAN_MESSAGE, *(str(c) for c in sorted(held))]
+        )
+        return [_s(x) for x in reply]
 
     async def heartbeat(
         self, requests: Sequence[HeartbeatRequest], visibility_timeout: float

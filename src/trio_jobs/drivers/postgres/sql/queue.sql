@@ -387,6 +387,34 @@ SELECT count(*), (SELECT count(*) FROM notified), min(queue), min(run_at), min(n
     (SELECT count(*) FROM freed)
 FROM landed;
 
+-- name: release_orphans
+-- Rows running under this worker with a live lease and a claim it does not hold:
+-- a claim whose answer never reached it took them. Handed back uncounted, due now,
+-- their leases released (a released slot wakes its key's first waiter), locked in
+-- id order (one lock order). A worker sends it only after a claim failed.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+orphans AS MATERIALIZED (
+    SELECT j.id FROM trio_jobs_jobs j
+    WHERE j.state = 'running' AND j.worker_id = %(worker_id)s
+      AND NOT (j.claim = ANY(%(held)s::int8[]))
+      AND j.lease_expires_at > (SELECT now FROM n)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
+released AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'ready', attempts = j.attempts - 1, worker_id = NULL, claim = NULL,
+        run_at = n.now, updated_at = n.now,
+        error_code = 'X_DRIVER_UNAVAILABLE', last_error = %(message)s
+    FROM orphans o, n
+    WHERE j.id = o.id
+    RETURNING j.id, j.queue
+),
+freed AS (
+    DELETE FROM trio_jobs_leases s USING released r WHERE s.job_id = r.id
+)
+SELECT r.id::text, r.queue FROM released r ORDER BY r.id;
+
 -- name: heartbeat
 -- Renew every held row's lease, and its concurrency leases, in one statement.
 -- Answers the ordinal of each renewed row ('ok') and of each row an operator

@@ -566,6 +566,36 @@ if run_at <= NOW then
 end
 return {1, q, 0}
 
+-- name: release_orphans
+-- Rows running under this worker with a live lease and a claim it does not hold
+-- (a claim whose reply never reached it took them): handed back uncounted, due
+-- now, their slots released. ARGV[A] the worker, ARGV[A + 1] the error message,
+-- ARGV[A + 2 ...] the claims it holds. Answers their ids.
+local worker, msg = ARGV[A], ARGV[A + 1]
+local held = {}
+for i = A + 2, #ARGV do held[ARGV[i]] = true end
+local out = {}
+local ids = redis.call('ZRANGEBYSCORE', P .. ':running', '(' .. fmt(NOW), '+inf')
+table.sort(ids)
+for _, id in ipairs(ids) do
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'q')
+  if f[1] == 'running' and f[2] == worker and not held[f[3]] then
+    local q = f[4]
+    redis.call('ZREM', P .. ':running', id)
+    redis.call('HDEL', jk, 'w', 'c', 'bk', 'we')
+    redis.call('HSET', jk, 'upd', fmt(NOW), 'run', fmt(NOW))
+    redis.call('HINCRBY', jk, 'att', -1)
+    redis.call('HSET', jk, 'ec', 'X_DRIVER_UNAVAILABLE', 'em', msg)
+    release_leases(id)
+    set_state(jk, q, 'running', 'ready')
+    index(jk, id, q)
+    redis.call('PUBLISH', P .. ':wake', q)
+    out[#out + 1] = id
+  end
+end
+return out
+
 -- name: heartbeat
 -- Renew each held row's lease and its concurrency slots: 'ok', 'lost' (not
 -- ours any more) or 'cancelled', one per request.
