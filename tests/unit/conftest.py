@@ -1,0 +1,9 @@
+import pathlib
+import sys
+
+# The suite imports in importlib mode, which adds nothing to sys.path: make the
+# shared helpers (tests/task_tree.py, tests/jobs_support.py) importable when this
+# folder runs alone.
+_TESTS = str(pathlib.Path(__file__).resolve().parent.parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
