@@ -142,12 +142,6 @@ class Attempt:
         self.phase = to
 
     @property
-    def done(self) -> bool:
-        """Whether nothing more is this worker's to do with the row (settled,
-        lost or abandoned): no renewal, no abandon timer."""
-        return self.phase in (Phase.SETTLED, Phase.LOST, Phase.ABANDONED)
-
-    @property
     def watched(self) -> bool:
         return self.phase in WATCHED
 

@@ -653,10 +653,17 @@ class _TxFault(Exception):
         self.unknown = unknown
 
 
-def _transient_of(exc: BaseException) -> JobsError | None:
-    """The transient driver error ``exc`` is (or wraps alone in a group), if any."""
+def unwrap(exc: BaseException) -> BaseException:
+    """The one exception a group of one wraps (groups of one, all the way down):
+    what a body raised through a nursery."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _transient_of(exc: BaseException) -> JobsError | None:
+    """The transient driver error ``exc`` is (or wraps alone in a group), if any."""
+    exc = unwrap(exc)
     if isinstance(exc, JobsError) and is_transient(exc):
         return exc
     return None

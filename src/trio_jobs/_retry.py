@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ._context import _describe
+from ._context import _describe, unwrap
 from ._declare import Retry
 from ._time import JitterSource
 from .drivers._protocol import Fence, NackOptions, Progress
@@ -74,12 +74,6 @@ class Decision:
         return self.retry is None
 
 
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def decide(
     error: BaseException,
     *,
@@ -97,7 +91,7 @@ def decide(
     ``meta["retry_after_seconds"]``, clamped) or the policy's backoff. ``retry``
     is the job's policy (``None`` for a job this worker does not know: the
     default backoff)."""
-    error = _unwrap(error)
+    error = unwrap(error)
     code = error.code if isinstance(error, JobsError) else None
     klass = retry_class_of(code)
     terminal = klass == "terminal"

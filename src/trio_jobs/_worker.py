@@ -34,6 +34,7 @@ from ._context import (
     Signal,
     _call,
     _describe,
+    unwrap,
 )
 from ._declare import Job
 from ._facade import Actor, Jobs
@@ -107,12 +108,6 @@ def _bounded_shield() -> trio.CancelScope:
     """One shielded scope with the write budget as its own deadline: a write that
     must land past a cancel, but never hangs (one scope, not two, on the settle path)."""
     return trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 #: WorkerStats counter -> the outcome an observer and a span are told.
@@ -882,7 +877,7 @@ class Worker:
         # An abort between the claim and now (a drain, a lost lease) applies here.
         held.attach(state)
         if unwinding:
-            await self._unwind(held, handle, state, None)
+            await unwind(self, held, handle, state, None)
             return
         ctx: JobContext[Any] = JobContext(state)
         started = trio.current_time()
@@ -1048,7 +1043,7 @@ class Worker:
                 except trio.Cancelled:
                     raise
                 except BaseException as err:
-                    found = _unwrap(err)
+                    found = unwrap(err)
                     if isinstance(found, Handback | InfraFault):
                         handback = found
                     elif isinstance(found, LeaseLost | ReplayStop):
@@ -1155,11 +1150,9 @@ class Worker:
         holds as this worker knows it (``_write_retry``); the driver recognises a
         retry whose first try landed, so a landed settle is never called unowned."""
         landed = False
+        gone = self._lease_gone(held)  # (before the move: it notes a loss known now)
         if held is not None:
-            gone = self._lease_gone(held)  # (before the move: it notes a loss known now)
             held.settling()
-        else:
-            gone = self._lease_gone(None)
         try:
             with _bounded_shield() as scope:
                 try:
@@ -1318,7 +1311,7 @@ class Worker:
                 self._count("retried", held, decision.code)
             return
         if handle is not None and handle.compensates and state is not None and state.compensators:
-            await self._unwind(held, handle, state, (decision.code, decision.message))
+            await unwind(self, held, handle, state, (decision.code, decision.message))
             return
         await self._bury(held, handle, decision.code, decision.message, value, state)
 
@@ -1353,15 +1346,6 @@ class Worker:
             await self._on_settled(
                 handle, held, Settled(outcome, claimed.id, value, None, message, code)
             )
-
-    async def _unwind(
-        self,
-        held: Attempt,
-        handle: Job[Any, Any],
-        state: RunState,
-        original: tuple[str | None, str] | None,
-    ) -> None:
-        await unwind(self, held, handle, state, original)
 
     async def _exhausted(self, ex: Exhausted) -> None:
         _ambient.role_var.set(f"exhausted:{ex.id}")

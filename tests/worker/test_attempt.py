@@ -6,6 +6,7 @@ change of phase is checked against ``_attempt.LEGAL``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import trio
 from jobs_support import Item, jobs_on_memory, wait_state
 from trio_jobs import JobContext, Worker, job
 from trio_jobs._attempt import LEGAL, Attempt, Phase
+from trio_jobs._context import Signal
 from trio_jobs.drivers import ClaimOptions
 from trio_jobs.errors import ErrorCode, JobsError
 
@@ -75,6 +77,16 @@ async def test_an_abort_before_the_run_state_applies_when_it_attaches(
     assert attempt.phase is Phase.ABORTING
     assert attempt.pending == (ErrorCode.X_DRAINING, "draining")
     assert attempt.abort_at is not None
+    # The run state (its signal and its `lost`) attaches: the first abort applies.
+    state: Any = SimpleNamespace(signal=Signal(), lost=False, on_lost=None)
+    attempt.attach(state)
+    assert state.signal.reason is not None
+    assert state.signal.reason.code == ErrorCode.X_DRAINING
+    # A fenced write the state finds refused tells the attempt: it is lost.
+    state.on_lost()
+    assert attempt.phase is Phase.LOST
+    attempt.detach()
+    assert state.on_lost is None
 
 
 @pytest.mark.parametrize(
