@@ -3,9 +3,9 @@
     python docs/gen_reference.py           # rewrite docs/reference/api.md
     python docs/gen_reference.py --check   # exit 1 if it is out of date
 
-Every name in ``trio_jobs.__all__`` (and ``trio_jobs.testing.__all__``) gets one
-line: the first paragraph of its docstring, or for a constant the ``#:`` comment
-above its definition and its value. ``tests/docs/test_examples.py`` fails when the
+Every name in the ``__all__`` of ``trio_jobs``, ``trio_jobs.drivers`` and
+``trio_jobs.testing`` gets one line: the first paragraph of its docstring, or for
+a constant the ``#:`` comment above its definition and its value. ``tests/docs/test_examples.py`` fails when the
 committed page differs from what this script renders.
 """
 
@@ -26,7 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 OUTPUT = HERE / "reference" / "api.md"
 
 #: The public modules, in the order the page lists them.
-MODULES = ("trio_jobs", "trio_jobs.testing")
+MODULES = ("trio_jobs", "trio_jobs.drivers", "trio_jobs.testing")
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _LITERAL = re.compile(r"``([^`]+)``")
@@ -100,6 +100,9 @@ def _value(obj: Any) -> str:
 def describe(module: ModuleType, name: str) -> tuple[str, str, str]:
     """(kind, description, defined in) for one public name."""
     obj = getattr(module, name)
+    if getattr(obj, "__module__", None) == "typing":  # a type alias: documented like a constant
+        comment, where_found = _comment_above(module, name)
+        return "constant", markdown(comment or "") + f" `{obj!r}`", where_found or module.__name__
     if inspect.isclass(obj):
         kind = "enum" if issubclass(obj, enum.Enum) else "class"
         doc = _own_doc(obj)

@@ -23,52 +23,36 @@ from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._worker import Worker, WorkerStats
 from .drivers import (
-    LIVE_STATES,
     MAX_BULK_ROWS,
     MAX_ENQUEUE_BATCH,
     MAX_JOB_PAGE,
-    PROMOTABLE_STATES,
-    TERMINAL_STATES,
-    UNWIND_MARGIN,
-    BulkResult,
-    CounterRow,
-    JobDriver,
     JobPage,
     JobView,
-    QueueStats,
     StepView,
-    WorkerInfo,
     memory_driver,
 )
+from .drivers.postgres import postgres_driver
 from .drivers.redis import redis_driver
 from .errors import ErrorCode, JobsError, register_error_retry
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "LIVE_STATES",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
-    "PROMOTABLE_STATES",
-    "TERMINAL_STATES",
-    "UNWIND_MARGIN",
     "Actor",
-    "BulkResult",
     "Concurrency",
-    "CounterRow",
     "Enqueued",
     "ErrorCode",
     "Job",
     "JobContext",
-    "JobDriver",
     "JobPage",
     "JobView",
     "Jobs",
     "JobsError",
     "Outcome",
     "PurgeResult",
-    "QueueStats",
     "Retention",
     "Retry",
     "Settled",
@@ -77,7 +61,6 @@ __all__ = [
     "Steps",
     "Transaction",
     "Worker",
-    "WorkerInfo",
     "WorkerObserver",
     "WorkerStats",
     "acting_as",
@@ -86,6 +69,7 @@ __all__ = [
     "job",
     "memory_driver",
     "open_jobs",
+    "postgres_driver",
     "publish_event",
     "purge_expired",
     "redis_driver",

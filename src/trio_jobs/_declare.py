@@ -67,18 +67,19 @@ class Retry:
     dead_letter: bool = True
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class Concurrency:
     """A fleet-wide cap on simultaneous runs of one job, or of one key of it.
 
-    ``limit`` is a whole number, 1 or more. ``key(input)`` (optional) makes the cap
-    per key; ``when_busy`` (``"wait"``, the default, or ``"fail"``) is what a claim
-    over a keyed cap does.
+    ``Concurrency(limit, key=fn, when_busy="wait")``: ``limit`` (positional or
+    keyword) is a whole number, 1 or more. ``key(input)`` (optional, keyword-only)
+    makes the cap per key; ``when_busy`` (keyword-only: ``"wait"``, the default, or
+    ``"fail"``) is what a claim over a keyed cap does.
     """
 
     limit: int
-    key: Callable[[Any], str] | None = None
-    when_busy: WhenBusy = "wait"
+    key: Callable[[Any], str] | None = attrs.field(default=None, kw_only=True)
+    when_busy: WhenBusy = attrs.field(default="wait", kw_only=True)
 
 
 _faults_t = list[str]

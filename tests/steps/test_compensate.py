@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from jobs_support import Item, jobs_on_memory, running_worker, wait_for, wait_state
-from trio_jobs import UNWIND_MARGIN, ErrorCode, JobContext, Retry, job, register_error_retry
-from trio_jobs.drivers import ClaimOptions, StepRecord
+from trio_jobs import ErrorCode, JobContext, Retry, job, register_error_retry
+from trio_jobs.drivers import UNWIND_MARGIN, ClaimOptions, StepRecord
 from trio_jobs.testing import open_harness
 
 

@@ -182,6 +182,17 @@ def test_concurrency_is_the_cap_as_an_int_and_when_busy_only_when_keyed(
     assert handle.when_busy == when_busy
 
 
+def test_concurrency_takes_its_limit_positionally() -> None:
+    # PYTHON-API.md: Concurrency(limit, key=fn, when_busy="wait"|"fail")
+    per_account = Concurrency(2, key=lambda i: i.account_id, when_busy="fail")
+    assert per_account.limit == 2
+    handle = declare(concurrency=per_account)
+    assert (handle.concurrency, handle.when_busy) == (2, "fail")
+    assert Concurrency(3) == Concurrency(limit=3)
+    with pytest.raises(TypeError):
+        Concurrency(1, lambda i: i.account_id)  # key is keyword-only
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"),
     [

@@ -1,7 +1,107 @@
-"""Drivers: the protocol every driver implements, and the shipped drivers."""
+"""The driver seam: the protocol every driver implements, its records and bounds,
+and the shipped drivers.
 
-from ._protocol import *  # noqa: F403
-from ._protocol import __all__ as _protocol_all
+An app needs only the drivers' constructors (:func:`memory_driver`,
+:func:`postgres_driver`, :func:`redis_driver`, also exported by ``trio_jobs``);
+everything else here is for whoever writes or tests a driver: the
+:class:`JobDriver` protocol, the request and answer records that cross it, and
+the constants every driver honours. ``trio_jobs.testing.conformance`` holds a
+driver to the protocol.
+"""
+
+from ._protocol import (
+    ALL_STATES,
+    ENQUEUE_CHUNK,
+    LIVE_STATES,
+    MAX_BULK_ROWS,
+    MAX_ENQUEUE_BATCH,
+    MAX_JOB_PAGE,
+    PROMOTABLE_STATES,
+    TERMINAL_STATES,
+    UNWIND_MARGIN,
+    AckOptions,
+    BulkFilter,
+    BulkResult,
+    ClaimedJob,
+    ClaimOptions,
+    ClaimResult,
+    CounterRow,
+    DriverTransaction,
+    EnqueueRequest,
+    EnqueueResult,
+    EventRecord,
+    EventStore,
+    Exhausted,
+    Fence,
+    HeartbeatRequest,
+    HeartbeatStatus,
+    JobDriver,
+    JobIntrospection,
+    JobPage,
+    JobState,
+    JobView,
+    LeaseGrant,
+    LeaseStore,
+    ListFilter,
+    NackOptions,
+    Progress,
+    QueueStats,
+    StepRecord,
+    StepStatus,
+    StepStore,
+    StepView,
+    WakeSource,
+    WorkerInfo,
+)
 from .memory import MemoryDriver, memory_driver
+from .postgres import postgres_driver
+from .redis import redis_driver
 
-__all__ = [*_protocol_all, "MemoryDriver", "memory_driver"]
+__all__ = [
+    "ALL_STATES",
+    "ENQUEUE_CHUNK",
+    "LIVE_STATES",
+    "MAX_BULK_ROWS",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "PROMOTABLE_STATES",
+    "TERMINAL_STATES",
+    "UNWIND_MARGIN",
+    "AckOptions",
+    "BulkFilter",
+    "BulkResult",
+    "ClaimOptions",
+    "ClaimResult",
+    "ClaimedJob",
+    "CounterRow",
+    "DriverTransaction",
+    "EnqueueRequest",
+    "EnqueueResult",
+    "EventRecord",
+    "EventStore",
+    "Exhausted",
+    "Fence",
+    "HeartbeatRequest",
+    "HeartbeatStatus",
+    "JobDriver",
+    "JobIntrospection",
+    "JobPage",
+    "JobState",
+    "JobView",
+    "LeaseGrant",
+    "LeaseStore",
+    "ListFilter",
+    "MemoryDriver",
+    "NackOptions",
+    "Progress",
+    "QueueStats",
+    "StepRecord",
+    "StepStatus",
+    "StepStore",
+    "StepView",
+    "WakeSource",
+    "WorkerInfo",
+    "memory_driver",
+    "postgres_driver",
+    "redis_driver",
+]

@@ -10,7 +10,7 @@ already in their JSON form.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -66,9 +66,11 @@ __all__ = [
     "UNWIND_MARGIN",
 ]
 
+#: A row's state, as every driver stores and answers it.
 JobState = Literal[
     "ready", "delayed", "running", "suspended", "done", "failed", "dead", "cancelled"
 ]
+#: A step record's status.
 StepStatus = Literal["started", "completed", "failed", "sleeping", "waiting"]
 
 #: States that hold the idempotency key: a row here dedupes a new enqueue.
@@ -77,6 +79,7 @@ LIVE_STATES: frozenset[str] = frozenset({"ready", "delayed", "running", "suspend
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "dead", "cancelled"})
 #: States ``promote`` moves: ``delayed``, or ``ready`` backing off before a retry.
 PROMOTABLE_STATES: tuple[str, ...] = ("delayed", "ready")
+#: Every state, in the order the operator surface lists them.
 ALL_STATES: tuple[str, ...] = (
     "ready",
     "delayed",
@@ -347,6 +350,8 @@ class EventRecord:
 
 
 class EventStore(Protocol):
+    """Where ``publish_event`` stores events and ``step.wait_for_event`` polls them."""
+
     async def publish(self, name: str, payload: Any) -> None:
         """Store an event and make every run waiting for ``name`` due now."""
         ...
@@ -525,10 +530,17 @@ class BulkFilter:
 
 @attrs.frozen
 class BulkResult:
-    """A bulk operation's answer: rows it changed and rows still left (call again until 0)."""
+    """A bulk operation's answer: rows it changed and rows still left (call again until 0).
+
+    It unpacks as the pair the spec answers: ``affected, remaining = await
+    jobs.remove_many(state="dead")``.
+    """
 
     affected: int
     remaining: int
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.affected, self.remaining))
 
 
 @attrs.frozen

