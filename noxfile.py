@@ -15,6 +15,23 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def psycopg_oldest(session: nox.Session) -> None:
+    """The PostgreSQL tests on the oldest psycopg pyproject.toml admits (``tests``
+    runs the newest); CI runs both (.ci/run)."""
+    import re
+    import tomllib
+
+    with open("pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    [requirement] = [d for d in deps if re.match(r"psycopg\b", d)]
+    found = re.search(r">=\s*([0-9.]+)", requirement)
+    assert found, requirement
+    oldest = found.group(1)
+    session.install("-e", ".[test]", f"psycopg[binary]=={oldest}")
+    session.run("python", "-m", "pytest", "tests/drivers/postgres", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "src", "tests", "simulation")

@@ -162,3 +162,79 @@ def test_no_asyncio_outside_the_bridge() -> None:
         text = path.read_text()
         assert "import asyncio" not in text, path
         assert "from asyncio" not in text, path
+
+
+class BlackHoleProxy:
+    """A TCP proxy to the server that forwards the connections it takes while
+    open, then takes new ones and never answers (a cancel request sent there
+    waits for ever). It lets go of those after ``give_up`` seconds, saying so."""
+
+    def __init__(self, host: str, port: int, give_up: float) -> None:
+        self.host, self.server_port, self.give_up = host, port, give_up
+        self.port = 0
+        self.black_hole = False
+        self.swallowed = 0
+        self.gave_up = False
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        if self.black_hole:
+            self.swallowed += 1
+            async with client:
+                await trio.sleep(self.give_up)
+                self.gave_up = True
+            return
+        server = await trio.open_tcp_stream(self.host, self.server_port)
+        async with client, server, trio.open_nursery() as nursery:
+
+            async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                try:
+                    while data := await src.receive_some(65536):
+                        await dst.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(pump, client, server)
+            nursery.start_soon(pump, server, client)
+
+
+async def test_a_cancel_request_the_server_never_answers_is_bounded_by_the_grace(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression (CI on the oldest psycopg): with libpq 16, psycopg-binary's
+    # blocking PQcancel ran in a worker thread holding the GIL, so a cancel request
+    # nobody answered froze the whole process. With libpq >= 17 (what pyproject's
+    # lower bound guarantees) the request is Trio's non-blocking I/O, bounded by
+    # the grace like the rest of the cleanup.
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from trio_jobs.drivers.postgres import _bridge
+
+    params = conninfo_to_dict(pg_dsn)
+    host = str(params.get("host") or "")
+    if not host or host.startswith("/"):
+        pytest.skip("the PostgreSQL server is reached over a Unix socket: no TCP to proxy")
+    monkeypatch.setattr(_bridge, "CANCEL_GRACE", 1.0)
+    proxy = BlackHoleProxy(host, int(params.get("port") or 5432), give_up=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        dsn = make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
+        db = Database(Pool(dsn, max_size=1))
+        try:
+            assert await db.fetch("SELECT 1") == [(1,)]
+            proxy.black_hole = True  # the cancel request goes nowhere from now on
+            with trio.move_on_after(0.3) as scope:
+                await db.fetch("SELECT pg_sleep(10) /* bridge_black_hole */")
+            assert scope.cancelled_caught
+            assert proxy.swallowed == 1  # the cancel request was sent...
+            assert not proxy.gave_up  # ...and the scope ended while it hung
+            assert db.pool.size == 0  # the connection, in an unknown state, is closed
+        finally:
+            await db.pool.close()
+            nursery.cancel_scope.cancel()

@@ -27,6 +27,8 @@ psycopg's author pointed Trio users at (psycopg issue #29).
 
 What this module owns:
 
+* :func:`connect` — libpq's non-blocking connect (``PGconn.connect_start`` and
+  ``connect_poll``) driven on Trio, host names resolved in a worker thread.
 * :class:`TrioConnection` — an ``AsyncConnection`` whose ``wait`` awaits
   ``trio.lowlevel.wait_readable/wait_writable``. Cancelling the Trio scope
   around a query sends a cancel request to the server, drains the connection
@@ -40,6 +42,14 @@ What this module owns:
   this boundary, and :func:`conflict` turns a deadlock (SQLSTATE ``40P01``) or a
   serialization failure (``40001``) into ``JobsError("X_DRIVER_CONFLICT")``: the
   server rolled the statement's transaction back, so it is safe to run again.
+
+The psycopg names this module relies on are public (no ``psycopg._*`` module, no
+``_``-prefixed name) and are pinned, with their signatures, by
+``tests/drivers/postgres/test_psycopg_seam.py``: the psycopg versions CI runs
+(the oldest supported and the newest) must pass it, and pyproject.toml caps
+psycopg below its next minor until that release has passed it too. The one
+method of psycopg's this module overrides is ``AsyncConnection.wait(gen,
+interval, timeout)``: psycopg calls it with every generator it drives.
 """
 
 from __future__ import annotations
@@ -52,11 +62,11 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-import psycopg.generators
+import psycopg.waiting
 import trio
 from psycopg import pq
-from psycopg.abc import PQGen, PQGenConn
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.abc import PQGen
+from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo
 from psycopg.types.json import set_json_loads
 
 from ...errors import DriverError, ErrorCode
@@ -65,6 +75,7 @@ __all__ = [
     "Database",
     "Pool",
     "TrioConnection",
+    "WaitTimeout",
     "conflict",
     "connect",
     "translate",
@@ -84,12 +95,21 @@ _READY_W = psycopg.waiting.Ready.W
 _ACTIVE = pq.TransactionStatus.ACTIVE
 _IDLE = pq.TransactionStatus.IDLE
 _CONN_OK = pq.ConnStatus.OK
+_CONN_BAD = pq.ConnStatus.BAD
+_POLL_OK = pq.PollingStatus.OK
+_POLL_READING = pq.PollingStatus.READING
+_POLL_WRITING = pq.PollingStatus.WRITING
+_POLL_FAILED = pq.PollingStatus.FAILED
 
 #: How long a cancelled query may take to drain (and a rollback to land) before
 #: the connection is closed instead.
 CANCEL_GRACE = 5.0
 
-_WaitTimeout: type[Exception] = getattr(psycopg.errors, "_WaitTimeout", psycopg.OperationalError)
+
+class WaitTimeout(psycopg.OperationalError):
+    """:meth:`TrioConnection.wait` ran out of its ``timeout`` (psycopg passes one
+    only from ``notifies(timeout=...)``, which this package does not use: the
+    wake reads the LISTEN session's socket itself)."""
 
 
 def unavailable(exc: BaseException | None = None, what: str = "PostgreSQL") -> DriverError:
@@ -204,17 +224,43 @@ async def _drive(gen: PQGen[RV], fileno: int) -> RV:
         raise psycopg.OperationalError("connection socket closed") from exc
 
 
-async def _drive_conn(gen: PQGenConn[RV]) -> RV:
-    """Run a psycopg connection generator (it names its own fd at each step)."""
+async def _poll_until_ok(poll: Callable[[], int], socket: Callable[[], int], what: str) -> None:
+    """Drive one of libpq's non-blocking handshakes (a connect, a cancel request)
+    to its end: ``poll()`` answers a ``pq.PollingStatus``; READING and WRITING
+    say which way to wait on ``socket()`` (read again each time: libpq may move
+    to another socket, trying the next host)."""
     try:
-        fileno, wait = next(gen)
         while True:
-            ready = await _wait_fd(fileno, wait)
-            fileno, wait = gen.send(ready)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+            status = poll()
+            if status == _POLL_OK:
+                return
+            if status == _POLL_READING:
+                await trio.lowlevel.wait_readable(socket())
+            elif status == _POLL_WRITING:
+                await trio.lowlevel.wait_writable(socket())
+            elif status == _POLL_FAILED:
+                raise psycopg.OperationalError(f"{what} failed")
+            else:
+                raise psycopg.InternalError(f"{what}: unexpected poll status {status}")
     except OSError as exc:
-        raise psycopg.OperationalError("connection socket closed") from exc
+        raise psycopg.OperationalError(f"{what}: the socket closed") from exc
+
+
+async def _connect_pgconn(conninfo: str) -> pq.abc.PGconn:
+    """Open one libpq connection without blocking Trio: ``PGconn.connect_start``
+    then ``connect_poll`` until it is up, then non-blocking mode (psycopg's
+    query generators expect it). A failure finishes the connection; its message
+    is not kept (libpq's may name the host, the user or a password fragment)."""
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        if pgconn.status == _CONN_BAD:
+            raise psycopg.OperationalError("connection is bad")
+        await _poll_until_ok(pgconn.connect_poll, lambda: pgconn.socket, "connection")
+        pgconn.nonblocking = 1
+    except BaseException:
+        pgconn.finish()
+        raise
+    return pgconn
 
 
 class TrioConnection(psycopg.AsyncConnection[Row]):
@@ -227,13 +273,16 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
     async def wait(
         self, gen: PQGen[RV], interval: float | None = None, timeout: float | None = None
     ) -> RV:
+        """Run psycopg's generator ``gen`` on Trio (``interval`` is psycopg's
+        polling period: unused, Trio wakes on readiness; past ``timeout``
+        seconds, :class:`WaitTimeout`)."""
         fileno = self.pgconn.socket
         try:
             if timeout is None:
                 return await _drive(gen, fileno)
             with trio.move_on_after(timeout):
                 return await _drive(gen, fileno)
-            raise _WaitTimeout("wait timeout expired")
+            raise WaitTimeout("wait timeout expired")
         except trio.Cancelled:
             await self._after_cancel(gen, fileno)
             raise
@@ -260,13 +309,21 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
 
 async def cancel_query(conn: TrioConnection) -> None:
     """Ask the server to cancel what ``conn`` is running (non-blocking cancel on
-    libpq >= 17, a worker thread otherwise)."""
+    libpq >= 17, a worker thread otherwise).
+
+    The worker thread's ``PQcancel`` has no timeout of its own (a server that
+    takes the request and never closes the socket holds it for ever): it is
+    abandoned when the caller's scope is cancelled or runs out, so the caller's
+    grace bounds it as it bounds the non-blocking cancel."""
     if psycopg.capabilities.has_cancel_safe():
         cancel_conn = conn.pgconn.cancel_conn()
-        cancel_conn.start()
-        await _drive_conn(psycopg.generators.cancel(cancel_conn))
+        try:
+            cancel_conn.start()
+            await _poll_until_ok(cancel_conn.poll, lambda: cancel_conn.socket, "cancellation")
+        finally:
+            cancel_conn.finish()
     else:
-        await trio.to_thread.run_sync(conn.cancel)
+        await trio.to_thread.run_sync(conn.cancel, abandon_on_cancel=True)
 
 
 def _json_loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -281,17 +338,20 @@ async def connect(conninfo: str, *, timeout: float = 10.0) -> TrioConnection:
     Host names are resolved in a worker thread (libpq's resolution blocks);
     every other step runs on Trio."""
     params = conninfo_to_dict(conninfo)
+    # One attempt per host (and address), as psycopg's own connect makes them.
+    # The lookup blocks in its thread: the connect timeout bounds it too.
     try:
-        from psycopg._conninfo_attempts import conninfo_attempts
-
-        attempts = await trio.to_thread.run_sync(conninfo_attempts, params)
-    except ImportError:  # pragma: no cover - an older psycopg: let libpq resolve
-        attempts = [params]
+        with trio.fail_after(timeout):
+            attempts = await trio.to_thread.run_sync(
+                conninfo_attempts, params, abandon_on_cancel=True
+            )
+    except trio.TooSlowError as exc:
+        raise unavailable(exc) from None
     last: BaseException | None = None
     for attempt in attempts:
         try:
             with trio.fail_after(timeout):
-                pgconn = await _drive_conn(psycopg.generators.connect(make_conninfo("", **attempt)))
+                pgconn = await _connect_pgconn(make_conninfo("", **attempt))
         except (psycopg.Error, trio.TooSlowError, OSError) as exc:
             last = exc
             continue
