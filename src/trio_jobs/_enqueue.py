@@ -28,6 +28,7 @@ __all__ = [
     "CROSS_TENANT_PERMISSION",
     "Actor",
     "Enqueued",
+    "confining_org",
     "current_facade",
     "enqueue_inputs",
 ]
@@ -67,6 +68,24 @@ class Enqueued:
     id: str
     run_id: str
     deduped: bool
+
+
+def _crossing(actor: Actor) -> bool:
+    """Inside ``cross_tenant(reason)``, for an actor holding ``tenancy:cross``:
+    another actor set inside the block is checked as usual."""
+    return (
+        _ambient.cross_tenant_var.get() is not None and CROSS_TENANT_PERMISSION in actor.permissions
+    )
+
+
+def confining_org() -> str | None:
+    """The org the ambient actor confines enqueues and operator calls to: its
+    ``org_id``, or ``None`` with no ambient actor, an actor with no org, or inside
+    ``cross_tenant(reason)`` (for an actor holding ``tenancy:cross``)."""
+    actor = _ambient.actor_var.get()
+    if actor is None or actor.org_id is None or _crossing(actor):
+        return None
+    return actor.org_id
 
 
 def current_facade() -> Jobs:
@@ -155,13 +174,10 @@ async def enqueue_inputs(
     actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
     if explicit_actor and actor is not None and not isinstance(actor, Actor):
         raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
-    # cross_tenant() admits the ambient actor only while that actor holds the
-    # permission: another actor set inside the block is checked as usual.
-    cross = (
-        _ambient.cross_tenant_var.get() is not None
-        and actor_obj is not None
-        and CROSS_TENANT_PERMISSION in actor_obj.permissions
-    )
+    # An ambient actor of an org confines every row to that org (or to none),
+    # whichever way the row's tenant was named: the input's declared tenant,
+    # tenant_id=, or the actor passed to enqueue_as.
+    confined = confining_org()
 
     # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
     trace_context = _tracing.inject()
@@ -205,9 +221,10 @@ async def enqueue_inputs(
                 if declared is not None and declared != org:
                     raise _mismatch(handle, "the actor passed to enqueue_as")
                 row_tenant = org
-        elif actor_obj is not None and actor_obj.org_id is not None and not cross:
-            if declared is not None and declared != actor_obj.org_id:
+        if confined is not None and row_tenant is not None and row_tenant != confined:
+            if declared is not None and declared == row_tenant:
                 raise _mismatch(handle, "the ambient actor")
+            raise _outside(handle, "enqueue_as's actor" if explicit_actor else "tenant_id=")
         if fresh is not None:
             job_id = fresh[2 * index]
             run_id = rid or fresh[2 * index + 1]
@@ -246,6 +263,16 @@ async def enqueue_inputs(
             got = await driver.enqueue_many(chunk)
         results.extend(got)
     return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+
+
+def _outside(handle: Job[Any, Any], source: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_JOB_TENANT_MISMATCH,
+        f"{handle.name}: {source} names another org than the ambient actor's; nothing was "
+        "queued (an actor acts within its own org: use cross_tenant(reason) for an ambient "
+        "actor holding tenancy:cross, or enqueue outside acting_as())",
+        meta={"job": handle.name},
+    )
 
 
 def _mismatch(handle: Job[Any, Any], source: str) -> JobsError:

@@ -17,6 +17,7 @@ from ._enqueue import (
     Actor,
     _epoch,
     _job_id,
+    confining_org,
     current_facade,
     enqueue_inputs,
 )
@@ -57,7 +58,16 @@ __all__ = [
 
 @contextlib.contextmanager
 def acting_as(actor: Actor | None) -> Iterator[Actor | None]:
-    """Make ``actor`` the ambient actor: enqueues under it are checked against its org."""
+    """Make ``actor`` the ambient actor for the block.
+
+    Under an actor with an ``org_id``, every enqueue is checked against that org
+    (a row of another org is ``X_JOB_TENANT_MISMATCH``) and the operator surface
+    (``jobs.show``, ``list``, ``cancel``, the bulk forms, ...) sees and touches only
+    that org's rows; calls that span every org (``stats``, ``workers``,
+    ``counters``, pausing a queue) are ``X_FORBIDDEN``. ``cross_tenant(reason)``
+    lifts both for an actor holding ``tenancy:cross``. ``acting_as(None)`` acts as
+    no one: the operator's view, as the CLI and the dashboard have.
+    """
     token = _ambient.actor_var.set(actor)
     try:
         yield actor
@@ -67,11 +77,14 @@ def acting_as(actor: Actor | None) -> Iterator[Actor | None]:
 
 @contextlib.contextmanager
 def cross_tenant(reason: str) -> Iterator[None]:
-    """Lift the ambient actor's tenant check for the enclosed enqueues.
+    """Lift the ambient actor's confinement to its org for the enclosed calls.
 
-    The ambient actor must hold the ``tenancy:cross`` permission
+    Enqueues may name another org's tenant (``tenant_id=``, an input declaring
+    it, ``enqueue_as``), and the operator surface sees every org's rows, as with
+    no actor. The ambient actor must hold the ``tenancy:cross`` permission
     (``X_FORBIDDEN`` otherwise) and ``reason`` must say why (``X_INVARIANT`` when
-    blank). An explicit ``tenant_id=`` or ``enqueue_as`` is never admitted.
+    blank). A ``tenant_id=`` or ``enqueue_as`` actor that contradicts the input's
+    declared tenant is never admitted.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise JobsError(ErrorCode.X_INVARIANT, "cross_tenant(reason) needs a reason saying why")
@@ -224,9 +237,60 @@ class Jobs:
             )
         return intro
 
+    # Under an ambient actor of an org (acting_as), the operator surface is
+    # confined to that org's rows: a row of another org is "not found" (its
+    # existence is not confirmed), a filter naming another org is a mismatch, and
+    # a call spanning every org is forbidden. Checked here, over any driver.
+
+    @staticmethod
+    def _confined_tenant(tenant_id: str | None) -> str | None:
+        """The ``tenant_id`` filter a list or bulk call runs with."""
+        org = confining_org()
+        if org is None:
+            return tenant_id
+        if tenant_id is not None and tenant_id != org:
+            raise JobsError(
+                ErrorCode.X_JOB_TENANT_MISMATCH,
+                "tenant_id= names another org than the ambient actor's: an actor sees only "
+                "its own org's jobs (use cross_tenant(reason) for an actor holding "
+                "tenancy:cross, or call outside acting_as() as an operator)",
+            )
+        return org
+
+    async def _own(self, intro: JobIntrospection, job_id: str) -> JobView | None:
+        """Under an org's actor, the job's view if it is that org's (else
+        ``X_JOB_NOT_FOUND``, as for an unknown id); ``None`` when unconfined."""
+        org = confining_org()
+        if org is None:
+            return None
+        view = await intro.show(job_id)
+        if view.tenant_id != org:
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_FOUND,
+                "no job has that id; list jobs with `trio-jobs list` to find it",
+            )
+        return view
+
+    @staticmethod
+    def _fleet_wide(what: str) -> None:
+        """Refuse a call that spans every org under an org's actor."""
+        if confining_org() is not None:
+            raise JobsError(
+                ErrorCode.X_FORBIDDEN,
+                f"{what} spans every org, and the ambient actor acts for one: call it "
+                "outside acting_as() (as an operator) or inside cross_tenant(reason) for an "
+                "actor holding tenancy:cross",
+            )
+
     async def show(self, job_id: str) -> JobView:
-        """One job: state, attempts, keys, error, progress, result and its steps."""
-        return await (await self._introspect()).show(_job_id(job_id))
+        """One job: state, attempts, keys, error, progress, result and its steps.
+
+        Under an org's actor (:func:`acting_as`), another org's job is
+        ``X_JOB_NOT_FOUND``."""
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        own = await self._own(intro, job_id)
+        return own if own is not None else await intro.show(job_id)
 
     async def list(
         self,
@@ -242,13 +306,17 @@ class Jobs:
         after: str | None = None,
         before: str | None = None,
     ) -> JobPage:
-        """A keyset page of jobs, newest first (``limit`` at most ``MAX_JOB_PAGE``)."""
-        return await (await self._introspect()).list(
+        """A keyset page of jobs, newest first (``limit`` at most ``MAX_JOB_PAGE``).
+
+        Under an org's actor (:func:`acting_as`), only that org's jobs; a
+        ``tenant_id`` naming another org is ``X_JOB_TENANT_MISMATCH``."""
+        intro = await self._introspect()
+        return await intro.list(
             ListFilter(
                 queue=queue,
                 name=name,
                 state=state,
-                tenant_id=tenant_id,
+                tenant_id=self._confined_tenant(tenant_id),
                 id_prefix=id_prefix,
                 created_from=_epoch(created_from),
                 created_to=_epoch(created_to),
@@ -260,16 +328,26 @@ class Jobs:
 
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
         """Requeue a finished job; completed steps replay from storage."""
-        return await (await self._introspect()).requeue(_job_id(job_id), from_step)
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        await self._own(intro, job_id)
+        return await intro.requeue(job_id, from_step)
 
     retry = requeue
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
         """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
-        return await (await self._introspect()).cancel(_job_id(job_id), reason)
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        await self._own(intro, job_id)
+        return await intro.cancel(job_id, reason)
 
     async def remove(self, job_id: str) -> None:
-        await (await self._introspect()).remove(_job_id(job_id))
+        """Delete a job that is not running, with its steps."""
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        await self._own(intro, job_id)
+        await intro.remove(job_id)
 
     async def remove_many(
         self,
@@ -280,7 +358,7 @@ class Jobs:
         tenant_id: str | None = None,
     ) -> BulkResult:
         return await (await self._introspect()).remove_many(
-            BulkFilter(state, queue, name, tenant_id)
+            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
         )
 
     async def requeue_many(
@@ -292,11 +370,15 @@ class Jobs:
         tenant_id: str | None = None,
     ) -> BulkResult:
         return await (await self._introspect()).requeue_many(
-            BulkFilter(state, queue, name, tenant_id)
+            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
         )
 
     async def promote(self, job_id: str) -> JobView:
-        return await (await self._introspect()).promote(_job_id(job_id))
+        """Make a job waiting on its ``run_at`` due now."""
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        await self._own(intro, job_id)
+        return await intro.promote(job_id)
 
     async def promote_many(
         self,
@@ -307,7 +389,7 @@ class Jobs:
         tenant_id: str | None = None,
     ) -> BulkResult:
         return await (await self._introspect()).promote_many(
-            BulkFilter(state, queue, name, tenant_id)
+            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
         )
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
@@ -316,27 +398,40 @@ class Jobs:
         form = payload_form(
             output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
         )
-        await (await self._introspect()).resolve_step(_job_id(job_id), step, ran=ran, output=form)
+        intro = await self._introspect()
+        job_id = _job_id(job_id)
+        await self._own(intro, job_id)
+        await intro.resolve_step(job_id, step, ran=ran, output=form)
 
     async def pause_queue(self, queue: str) -> None:
+        """Stop every worker of the fleet claiming from ``queue`` (within one poll)."""
+        self._fleet_wide("pausing a queue")
         await (await self._introspect()).pause_queue(queue)
 
     async def resume_queue(self, queue: str) -> None:
+        """Let the fleet claim from ``queue`` again."""
+        self._fleet_wide("resuming a queue")
         await (await self._introspect()).resume_queue(queue)
 
     async def paused_queues(self) -> builtins.list[str]:
         return await (await self._introspect()).paused_queues()
 
     async def workers(self) -> builtins.list[WorkerInfo]:
+        """The live workers of the fleet, with the jobs each holds."""
+        self._fleet_wide("workers()")
         return await (await self._introspect()).workers()
 
     async def counters(
         self, job: Job[Any, Any] | str | None = None, since: datetime | float = 0.0
     ) -> builtins.list[CounterRow]:
+        """Settled-run history per time bucket, for one job name or all."""
+        self._fleet_wide("counters()")
         name = job.name if isinstance(job, Job) else job
         return await (await self._introspect()).counters(name, _epoch(since) or 0.0)
 
     async def stats(self) -> builtins.list[QueueStats]:
+        """Rows per state in each queue."""
+        self._fleet_wide("stats()")
         return await (await self._resolved_driver()).stats()
 
 

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode
 import attrs
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -40,6 +41,7 @@ from ..drivers._protocol import (
 from ..errors import ErrorCode, JobsError
 from . import _html as H
 from ._metrics import CONTENT_TYPE, render_metrics
+from ._operator import AsOperator
 from ._security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -1100,6 +1102,7 @@ def create_app(
         registry=registry,
         reveal_unregistered=reveal_unregistered,
     )
-    app = Starlette(routes=dashboard.routes())
+    # The operator's view: no ambient actor the mounting app set confines it.
+    app = Starlette(routes=dashboard.routes(), middleware=[Middleware(AsOperator)])
     app.state.dashboard = dashboard
     return app
