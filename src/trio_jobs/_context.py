@@ -90,6 +90,11 @@ class Signal:
             scope.cancel()
         return True
 
+    def _detach(self, scope: trio.CancelScope) -> None:
+        """Stop cancelling ``scope`` on an abort (the body it ran is done)."""
+        if scope in self._scopes:
+            self._scopes.remove(scope)
+
     def _attach(self, scope: trio.CancelScope, deadline: float = math.inf) -> None:
         self._scopes.append(scope)
         self._deadline = min(self._deadline, deadline)
@@ -169,6 +174,13 @@ class RunState:
         self.unwinding = unwinding
         self.unknown_compensation: str | None = None
         self.signal = Signal()
+        #: How the body ended, for the worker's slower verdicts: (its result,
+        #: its own exception, a hand-back or an infrastructure fault).
+        self.verdict: tuple[Any, BaseException | None, Handback | InfraFault | None] = (
+            None,
+            None,
+            None,
+        )
         self.boundary = boundary
         self.event_poll = event_poll
         self.progress: Progress | None = None
