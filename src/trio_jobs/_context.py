@@ -174,6 +174,8 @@ class RunState:
         self.unwinding = unwinding
         self.unknown_compensation: str | None = None
         self.signal = Signal()
+        #: Who enqueued the run (built once: the context and the ambient actor share it).
+        self.actor: Actor | None = None
         #: How the body ended, for the worker's slower verdicts: (its result,
         #: its own exception, a hand-back or an infrastructure fault).
         self.verdict: tuple[Any, BaseException | None, Handback | InfraFault | None] = (
@@ -909,9 +911,7 @@ class JobContext(Generic[I]):
         self.attempt: int = claimed.attempt
         self.final_attempt: bool = claimed.attempt >= state.handle.retry.attempts
         self.tenant_id: str | None = claimed.tenant_id
-        from ._facade import Actor
-
-        self.actor: Actor | None = Actor.from_json(claimed.actor)
+        self.actor: Actor | None = state.actor
         self.jobs: Jobs = state.jobs
         self.name: str = state.handle.name
 

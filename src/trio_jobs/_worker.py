@@ -944,6 +944,7 @@ class Worker:
             boundary=self._boundary,
             event_poll=self.event_poll or self.driver.event_poll_default,
         )
+        state.actor = Actor.from_json(claimed.actor)
         state.on_progress = self._progress_marked
         state.traced = held.traced
         # An abort between the claim and now (a drain, a lost lease) applies here.
@@ -1215,7 +1216,7 @@ class Worker:
         tokens = (
             _ambient.run_var.set(state),
             _ambient.facade_var.set(self.jobs),
-            _ambient.actor_var.set(Actor.from_json(state.claimed.actor)),
+            _ambient.actor_var.set(state.actor),
             _ambient.tx_var.set(None),
         )
         try:

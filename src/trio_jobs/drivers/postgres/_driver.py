@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from operator import attrgetter
 from typing import Any
 
-import attrs
+import outcome
 import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -776,14 +776,25 @@ def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
     )
 
 
-@attrs.define(eq=False)
 class _Pending:
-    key: tuple[str, str]
-    item: Any
-    done: trio.Event = attrs.field(factory=trio.Event)
-    landed: bool = False
-    error: BaseException | None = None
-    taken: bool = False
+    """One queued write: the waiting task is rescheduled with its answer (no
+    Event per write: a hot path, one per ack and per step)."""
+
+    __slots__ = ("gone", "item", "key", "taken", "task")
+
+    def __init__(self, key: tuple[str, str], item: Any, task: trio.lowlevel.Task) -> None:
+        self.key = key
+        self.item = item
+        self.task = task
+        #: In a flush under way: the statement may land it.
+        self.taken = False
+        #: Its waiter was cancelled: nobody is to be rescheduled.
+        self.gone = False
+
+    def answer(self, result: outcome.Outcome[bool]) -> None:
+        if not self.gone:
+            self.gone = True
+            trio.lowlevel.reschedule(self.task, result)
 
 
 class _GroupCommit:
@@ -817,23 +828,22 @@ class _GroupCommit:
 
     async def submit(self, key: tuple[str, str], item: Any) -> bool:
         self._d.db  # noqa: B018 — a closed driver refuses at once
-        entry = _Pending(key, item)
+        entry = _Pending(key, item, trio.lowlevel.current_task())
         self._pending.append(entry)
         self._kick.set()
-        try:
-            await entry.done.wait()
-        except trio.Cancelled:
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            entry.gone = True
             if not entry.taken and entry in self._pending:
                 self._pending.remove(entry)
-            raise
-        if entry.error is not None:
-            raise entry.error
-        return entry.landed
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        landed: bool = await trio.lowlevel.wait_task_rescheduled(abort)
+        return landed
 
     def fail_pending(self, error: BaseException) -> None:
         for entry in self._pending:
-            entry.error = error
-            entry.done.set()
+            entry.answer(outcome.Error(error))
         self._pending.clear()
 
     def _take(self) -> builtins.list[_Pending]:
@@ -863,12 +873,17 @@ class _GroupCommit:
                     landed = await self._flush_fn([entry.item for entry in batch])
                 except Exception as exc:  # each waiter gets the failure
                     for entry in batch:
-                        entry.error = exc
-                        entry.done.set()
+                        entry.answer(outcome.Error(exc))
                     continue
+                except BaseException:
+                    # Cancelled mid-flush (the driver is closing): the statement
+                    # may have landed; each waiter hears so, none waits forever.
+                    closed = unavailable(None, "PostgreSQL (the driver closed mid-write)")
+                    for entry in batch:
+                        entry.answer(outcome.Error(closed))
+                    raise
                 for i, entry in enumerate(batch, start=1):
-                    entry.landed = i in landed
-                    entry.done.set()
+                    entry.answer(outcome.Value(i in landed))
 
 
 def _step_record(r: Sequence[Any]) -> StepRecord:
