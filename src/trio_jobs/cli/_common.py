@@ -25,6 +25,7 @@ __all__ = [
     "duration",
     "refusal_text",
     "refuse",
+    "require_web",
     "resolve_database",
     "run",
 ]
@@ -162,6 +163,20 @@ def duration(text: str | None) -> float | str | None:
 
 def config_error(message: str) -> JobsError:
     return JobsError(ErrorCode.X_CONFIG_INVALID, message)
+
+
+def require_web(command: str) -> None:
+    """Refuse, before any I/O, a command that serves the dashboard when the ``web``
+    extra is not installed: one line saying what to install, not a traceback."""
+    try:
+        import trio_jobs.web  # noqa: F401
+    except ImportError as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+        missing = f" ({cause.name} is missing)" if cause.name else ""
+        raise config_error(
+            f"`trio-jobs {command}` serves the dashboard, which needs the `web` extra{missing}: "
+            "pip install 'trio-jobs[web]' (in a clone: .venv/bin/pip install -e '.[web]')"
+        ) from None
 
 
 # --------------------------------------------------------------------------- logging

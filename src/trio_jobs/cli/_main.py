@@ -30,6 +30,7 @@ from ._common import (
     flush_logs,
     guarded,
     refuse,
+    require_web,
     resolve_database,
     run,
 )
@@ -79,6 +80,8 @@ def dev(orgs: int, serve: bool, port: int, as_json: bool, database_url: str | No
     if not 1 <= orgs <= MAX_ENQUEUE_BATCH:
         raise config_error(f"--orgs is how many runs to enqueue: 1 to {MAX_ENQUEUE_BATCH}")
     check_port(port)
+    if serve:
+        require_web("dev --serve")
     configure_logging(as_json, logging.WARNING)
     out = run(run_example, orgs, serve, database_url, port, as_json=as_json)
     rows = out["rows"]
@@ -135,6 +138,7 @@ def dashboard(
     from ._dashboard import check_host, load_attr, serve_dashboard
 
     check_port(port)
+    require_web("dashboard")
     check_host(host, auth_target is not None)
     configure_logging(as_json, logging.WARNING)
     auth = load_attr(auth_target, "--auth") if auth_target is not None else None
