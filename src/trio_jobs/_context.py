@@ -18,6 +18,7 @@ from ._time import Duration, parse_duration
 from ._write_retry import is_transient, retry_delay, write_retrying
 from .drivers._protocol import Progress, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
+from .logging import emit
 
 if TYPE_CHECKING:
     from ._declare import Job
@@ -268,6 +269,7 @@ class RunState:
             "jobs.step.retry",
             {
                 "job_id": claimed.id,
+                "job": claimed.name,
                 "attempt": claimed.attempt,
                 "worker_id": claimed.fence.worker_id,
             },
@@ -726,17 +728,17 @@ async def _transact(
             delay = retry_delay(f"{claimed.id}:{claimed.fence.claim}:{name}", tries)
             if s._gone() or now + delay >= budget_end:
                 raise InfraFault(error) from None
-            _log.warning(
+            emit(
+                _log,
+                logging.WARNING,
                 "jobs.step.retry",
-                extra={
-                    "event": "jobs.step.retry",
-                    "job_id": claimed.id,
-                    "attempt": claimed.attempt,
-                    "worker_id": claimed.fence.worker_id,
-                    "code": error.code,
-                    "retry": tries,
-                    "retry_in": round(delay, 3),
-                },
+                job_id=claimed.id,
+                job=claimed.name,
+                attempt=claimed.attempt,
+                worker_id=claimed.fence.worker_id,
+                code=error.code,
+                retry=tries,
+                retry_in=round(delay, 3),
             )
             # In the run's scope: a drain or a cancel ends the wait, not the budget.
             await trio.sleep(delay)

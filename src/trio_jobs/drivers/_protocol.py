@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AckOptions",
+    "BulkAction",
     "BulkFilter",
+    "BulkPreview",
     "BulkResult",
     "ClaimOptions",
     "ClaimResult",
@@ -63,6 +65,8 @@ __all__ = [
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
+    "MAX_PREVIEW_SAMPLE",
+    "MIN_ID_PREFIX",
     "UNWIND_MARGIN",
 ]
 
@@ -98,6 +102,11 @@ MAX_JOB_PAGE = 200
 MAX_BULK_ROWS = 1_000
 #: Attempts a compensating job's row carries past ``retry.attempts`` to unwind in.
 UNWIND_MARGIN = 2
+#: The shortest job id prefix ``show``, ``cancel``, ... resolve: the 8 characters
+#: ``trio-jobs dev`` and ``trio-jobs list`` print of an id.
+MIN_ID_PREFIX = 8
+#: The most rows a bulk preview (:meth:`JobIntrospection.preview_many`) samples.
+MAX_PREVIEW_SAMPLE = 50
 
 
 # --------------------------------------------------------------------------- enqueue
@@ -523,6 +532,19 @@ class BulkFilter:
     tenant_id: str | None = None
 
 
+BulkAction = Literal["remove", "requeue", "promote"]
+
+
+@attrs.frozen
+class BulkPreview:
+    """What a bulk operation would do, written nowhere: ``count`` rows would move
+    if it were called until ``remaining`` is 0 now, and ``sample`` is the first
+    of them, in the order it would take them (oldest first)."""
+
+    count: int
+    sample: Sequence[JobView] = ()
+
+
 @attrs.frozen
 class BulkResult:
     """A bulk operation's answer: rows it changed and rows still left (call again until 0)."""
@@ -562,6 +584,14 @@ class JobIntrospection(Protocol):
     """The operator surface. The CLI, the dashboard and tests read nothing else."""
 
     async def show(self, job_id: str) -> JobView: ...
+    async def resolve_id(self, prefix: str) -> str:
+        """The id of the one job whose id starts with ``prefix``: the start of a
+        lowercase canonical id, at least :data:`MIN_ID_PREFIX` characters (the
+        facade checks its form). ``X_JOB_NOT_FOUND`` when no job matches;
+        ``X_ID_AMBIGUOUS`` when several do, with up to five of them in
+        ``meta["matches"]``."""
+        ...
+
     async def list(self, filter: ListFilter) -> JobPage: ...
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView: ...
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView: ...
@@ -570,6 +600,16 @@ class JobIntrospection(Protocol):
     async def requeue_many(self, filter: BulkFilter) -> BulkResult: ...
     async def promote(self, job_id: str) -> JobView: ...
     async def promote_many(self, filter: BulkFilter) -> BulkResult: ...
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        """A dry run of ``<action>_many(filter)``, writing nothing: how many rows it
+        would move, called until ``remaining`` is 0, and the first ``sample`` of
+        them (0 to :data:`MAX_PREVIEW_SAMPLE`), oldest first. A filter the action
+        refuses is refused alike (``remove`` of running rows, ``requeue`` of live
+        ones, ``promote`` of a state it does not move)."""
+        ...
+
     async def resolve_step(
         self, job_id: str, step: str, *, ran: bool, output: Any = None
     ) -> None: ...

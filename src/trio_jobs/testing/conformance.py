@@ -813,6 +813,48 @@ class DriverConformance:
             await intro.show(str(uuid.uuid4()))
         assert err.value.code == "X_JOB_NOT_FOUND"
 
+    async def test_resolve_id_answers_the_one_job_a_prefix_names(self, target: Target) -> None:
+        """``resolve_id``: the one job whose id starts with the prefix; none is
+        ``X_JOB_NOT_FOUND``, several ``X_ID_AMBIGUOUS`` naming some of them."""
+        d = target.driver
+        intro = _intro(d)
+        twins = ["6b63347c-1d2c-4c3b-9a8e-7f6d5c4b3a21", "6b63347c-1d2c-4c3b-9a8e-8f6d5c4b3a21"]
+        lone = "6b63347d-0000-4000-8000-000000000001"
+        await d.enqueue_many([request(key=f"r{i}", id=i_d) for i, i_d in enumerate([*twins, lone])])
+        assert await intro.resolve_id("6b63347d") == lone
+        assert await intro.resolve_id("6b63347d-0000-4") == lone
+        assert await intro.resolve_id(twins[0][:25]) == twins[0]
+        assert await intro.resolve_id(twins[1]) == twins[1]  # a whole id is its own prefix
+        for prefix in ("6b63347c", "6b63347c-1d2c-4c3b-9a8e-"):
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id(prefix)
+            assert err.value.code == "X_ID_AMBIGUOUS"
+            assert err.value.meta["matches"] == twins
+            assert twins[0] in err.value.message
+        for prefix in ("6b63347e", "00000000", "ffffffff-ffff"):
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id(prefix)
+            assert err.value.code == "X_JOB_NOT_FOUND"
+        # A row staged in an open transaction is nobody's yet.
+        async with d.transaction() as tx:
+            await tx.enqueue_many(
+                [request(key="staged", id="7a000000-0000-4000-8000-000000000000")]
+            )
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id("7a000000")
+            assert err.value.code == "X_JOB_NOT_FOUND"
+        assert await intro.resolve_id("7a000000") == "7a000000-0000-4000-8000-000000000000"
+
+    async def test_an_ambiguous_prefix_names_at_most_five_jobs(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        ids = [f"5a5a5a5a-0000-4000-8000-00000000000{i}" for i in range(8)]
+        await d.enqueue_many([request(key=f"m{i}", id=i_d) for i, i_d in enumerate(ids)])
+        with pytest.raises(JobsError) as err:
+            await intro.resolve_id("5a5a5a5a")
+        assert err.value.code == "X_ID_AMBIGUOUS"
+        assert err.value.meta["matches"] == ids[:5]
+
     async def test_the_row_says_whether_its_job_is_sensitive(self, target: Target) -> None:
         # A reader holding no job handle (the CLI) redacts on the row's word.
         d = target.driver
@@ -974,6 +1016,52 @@ class DriverConformance:
         stats = await d.stats()
         assert sum(s.dead for s in stats) == 1
         assert sum(s.ready for s in stats) == 3
+
+    async def test_a_bulk_preview_counts_and_samples_what_the_bulk_call_then_moves(
+        self, target: Target
+    ) -> None:
+        """``preview_many`` writes nothing; its count is what the bulk call then
+        moves (called until nothing remains) and its sample the first of those
+        rows, oldest first; it refuses what the bulk call refuses."""
+        d = target.driver
+        intro = _intro(d)
+        # requeue: k0 is held by a live job, k1 has two dead rows (one moves).
+        reqs = [request("pv", key=k) for k in ("k0", "k1", "k2", "k1")]
+        for req in reqs:
+            await d.enqueue_many([req])
+            job = await _one(d)
+            await d.nack(job.id, NackOptions(fence=job.fence, state="dead"))
+            await target.advance(1.0)
+        await d.enqueue_many([request("pv", key="k0")])
+        before = await d.stats()
+        preview = await intro.preview_many("requeue", BulkFilter(state="dead", name="pv"), 5)
+        assert preview.count == 2
+        assert [v.id for v in preview.sample] == [reqs[1].id, reqs[2].id]
+        assert all(v.state == "dead" and v.name == "pv" for v in preview.sample)
+        assert await d.stats() == before  # nothing moved
+        short = await intro.preview_many("requeue", BulkFilter(state="dead", name="pv"), 1)
+        assert (short.count, [v.id for v in short.sample]) == (2, [reqs[1].id])
+        moved = await intro.requeue_many(BulkFilter(state="dead", name="pv"))
+        assert moved.affected == preview.count
+        assert {(await intro.show(v.id)).state for v in preview.sample} == {"ready"}
+        # remove: every matching row; promote: the delayed ones.
+        await d.enqueue_many([request("pv2", key=f"d{i}", delay=100.0) for i in range(3)])
+        removal = await intro.preview_many("remove", BulkFilter(state="delayed", name="pv2"), 0)
+        assert (removal.count, list(removal.sample)) == (3, [])
+        promotion = await intro.preview_many("promote", BulkFilter(state="delayed"), 2)
+        assert promotion.count == 3
+        assert len(promotion.sample) == 2
+        assert (await intro.promote_many(BulkFilter(state="delayed"))).affected == 3
+        nothing = await intro.preview_many("promote", BulkFilter(state="delayed"), 5)
+        assert (nothing.count, list(nothing.sample)) == (0, [])
+        for action, state, code in (
+            ("remove", "running", "X_JOB_NOT_REMOVABLE"),
+            ("requeue", "ready", "X_JOB_NOT_REQUEUEABLE"),
+            ("promote", "done", "X_INVARIANT"),
+        ):
+            with pytest.raises(JobsError) as err:
+                await intro.preview_many(action, BulkFilter(state=state), 5)
+            assert err.value.code == code
 
     async def test_promote_rules(self, target: Target) -> None:
         d = target.driver

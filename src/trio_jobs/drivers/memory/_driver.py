@@ -26,10 +26,11 @@ from .._protocol import (
     LIVE_STATES,
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
-    PROMOTABLE_STATES,
     TERMINAL_STATES,
     AckOptions,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     ClaimedJob,
     ClaimOptions,
@@ -53,6 +54,7 @@ from .._protocol import (
     StepView,
     WorkerInfo,
 )
+from .._resolve import check_bulk_action, resolved_prefix
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -835,6 +837,15 @@ class _MemoryIntrospection:
         self._d._check_open()
         return self._view(self._row(job_id), steps=True)
 
+    async def resolve_id(self, prefix: str) -> str:
+        self._d._check_open()
+        matches = sorted(
+            job_id
+            for job_id, row in self._d._rows.items()
+            if row.tx is None and job_id.startswith(prefix)
+        )
+        return resolved_prefix(matches, len(matches))
+
     def _matches(self, row: _Row, f: ListFilter | BulkFilter) -> bool:
         if row.tx is not None:
             return False
@@ -971,11 +982,7 @@ class _MemoryIntrospection:
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         self._d._check_open()
-        if filter.state == "running":
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REMOVABLE,
-                "running jobs cannot be removed; cancel them first",
-            )
+        check_bulk_action("remove", filter)
         rows = self._bulk_rows(filter)
         for row in rows[:MAX_BULK_ROWS]:
             self._drop(row)
@@ -986,11 +993,7 @@ class _MemoryIntrospection:
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         d = self._d
         d._check_open()
-        if filter.state not in TERMINAL_STATES:
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REQUEUEABLE,
-                "only done, failed, dead or cancelled jobs can be requeued",
-            )
+        check_bulk_action("requeue", filter)
         movable = []
         for row in self._bulk_rows(filter):
             holder = d._live.get(_live_key(row))
@@ -1035,11 +1038,7 @@ class _MemoryIntrospection:
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
         d = self._d
         d._check_open()
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"promote_many takes state in {PROMOTABLE_STATES}",
-            )
+        check_bulk_action("promote", filter)
         now = d.now()
         rows = [r for r in self._bulk_rows(filter) if self._promotable(r, now)]
         for row in rows[:MAX_BULK_ROWS]:
@@ -1047,6 +1046,31 @@ class _MemoryIntrospection:
         d._wake.fire()
         return BulkResult(
             affected=min(len(rows), MAX_BULK_ROWS), remaining=max(0, len(rows) - MAX_BULK_ROWS)
+        )
+
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        d = self._d
+        d._check_open()
+        check_bulk_action(action, filter)
+        rows = self._bulk_rows(filter)
+        if action == "promote":
+            now = d.now()
+            rows = [r for r in rows if self._promotable(r, now)]
+        elif action == "requeue":
+            # What calling requeue_many until nothing remains moves: per key no
+            # live job holds, its oldest row (the others then find it held).
+            taken: set[tuple[str, str | None, str]] = set()
+            movable = []
+            for row in rows:
+                key = _live_key(row)
+                if key not in taken and d._live.get(key) is None:
+                    taken.add(key)
+                    movable.append(row)
+            rows = movable
+        return BulkPreview(
+            count=len(rows), sample=[self._view(r, steps=False) for r in rows[:sample]]
         )
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:

@@ -36,10 +36,10 @@ from .._protocol import (
     LIVE_STATES,
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
-    PROMOTABLE_STATES,
-    TERMINAL_STATES,
     AckOptions,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     ClaimedJob,
     ClaimOptions,
@@ -63,6 +63,7 @@ from .._protocol import (
     StepView,
     WorkerInfo,
 )
+from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
@@ -997,6 +998,12 @@ def _decode(cursor: str) -> tuple[float, str]:
     return mark_at, str(checked)
 
 
+#: The first and last ids a prefix can start: padding a prefix with either bounds
+#: the ids that start with it.
+_ZERO_ID = "00000000-0000-0000-0000-000000000000"
+_LAST_ID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+
+
 def _uuid_or_none(job_id: str) -> str | None:
     import uuid
 
@@ -1103,6 +1110,18 @@ class _PgIntrospection:
             self._d.db  # noqa: B018
             raise _not_found()
         return await self._show_in(self._d._fetch, key)
+
+    async def resolve_id(self, prefix: str) -> str:
+        low = prefix + _ZERO_ID[len(prefix) :]
+        high = prefix + _LAST_ID[len(prefix) :]
+        if _uuid_or_none(low) is None or _uuid_or_none(high) is None:
+            self._d.db  # noqa: B018
+            raise _not_found()  # not the start of a canonical id: no job's
+        rows = await self._d._fetch(
+            "resolve_prefix", {"low": low, "high": high, "limit": AMBIGUOUS_SHOWN + 1}
+        )
+        ids = [str(r[0]) for r in rows]
+        return resolved_prefix(ids[:AMBIGUOUS_SHOWN], len(ids))
 
     async def list(self, filter: ListFilter) -> JobPage:
         f = filter  # validated where it was built (ListFilter's validators)
@@ -1222,11 +1241,7 @@ class _PgIntrospection:
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state == "running":
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REMOVABLE,
-                "running jobs cannot be removed; cancel them first",
-            )
+        check_bulk_action("remove", filter)
         params = self._bulk_params(filter)
         async with self._tx() as run:
             total = int((await run("count_matching", params))[0][0])
@@ -1235,11 +1250,7 @@ class _PgIntrospection:
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state not in TERMINAL_STATES:
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REQUEUEABLE,
-                "only done, failed, dead or cancelled jobs can be requeued",
-            )
+        check_bulk_action("requeue", filter)
         params = self._bulk_params(filter)
         async with self._tx() as run:
             moved_rows = await run("requeue_many", params)
@@ -1268,15 +1279,22 @@ class _PgIntrospection:
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"promote_many takes state in {PROMOTABLE_STATES}",
-            )
+        check_bulk_action("promote", filter)
         rows = await self._d._fetch("promote_many", self._bulk_params(filter))
         affected, total, queues = int(rows[0][0]), int(rows[0][1]), list(rows[0][2] or [])
         self._d._fire(queues)
         return BulkResult(affected=affected, remaining=max(0, total - affected))
+
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        self._d.db  # noqa: B018
+        check_bulk_action(action, filter)
+        params = {**self._bulk_params(filter), "sample": sample}
+        async with self._tx() as run:
+            count, ids = (await run(f"preview_{action}", params))[0]
+            rows = await run("preview_rows", {"ids": [str(i) for i in ids]}) if ids else []
+        return BulkPreview(count=int(count), sample=[self._view(r) for r in rows])
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         key = _uuid_or_none(job_id)

@@ -29,6 +29,7 @@ import trio
 from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
+from ...logging import emit
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -375,14 +376,13 @@ class RedisDriver:
             return
         policy = _s(reply.get("maxmemory-policy", "noeviction"))
         if policy != "noeviction":
-            logger.warning(
+            emit(
+                logger,
+                logging.WARNING,
                 "jobs.redis.eviction",
-                extra={
-                    "event": "jobs.redis.eviction",
-                    "policy": policy,
-                    "hint": "set maxmemory-policy noeviction: any other policy may delete "
-                    "queued jobs and step records when Redis runs out of memory",
-                },
+                policy=policy,
+                hint="set maxmemory-policy noeviction: any other policy may delete "
+                "queued jobs and step records when Redis runs out of memory",
             )
 
     async def _measure_skew(self) -> None:

@@ -22,6 +22,14 @@ FROM trio_jobs_jobs WHERE id = %(id)s FOR UPDATE;
 SELECT name, status, executions, output, error FROM trio_jobs_steps
 WHERE job_id = %(id)s ORDER BY seq;
 
+-- name: resolve_prefix
+-- The ids that start with a prefix, read through the primary key: the prefix
+-- padded with 0s and with fs bounds them (a uuid sorts as its hex text).
+SELECT id FROM trio_jobs_jobs
+WHERE id BETWEEN %(low)s::uuid AND %(high)s::uuid
+ORDER BY id
+LIMIT %(limit)s;
+
 -- name: list_older
 -- A page newest first, strictly older than the mark (no mark: from the newest).
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -235,6 +243,61 @@ moved AS (
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM matched),
     (SELECT array_agg(DISTINCT queue) FROM moved);
+
+-- name: preview_remove
+-- A dry run of remove_many until nothing remains: how many rows, and the first
+-- ids it would take (oldest first). Writes and locks nothing.
+WITH matched AS (
+    SELECT id, created_at FROM trio_jobs_jobs
+    WHERE state = %(state)s
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+)
+SELECT (SELECT count(*) FROM matched),
+    ARRAY(SELECT id FROM matched ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_requeue
+-- A dry run of requeue_many until nothing remains: per key no live row holds,
+-- its oldest row (requeue_many's `movable`; the others then find the key held).
+WITH movable AS (
+    SELECT DISTINCT ON (j.name, j.tenant_id, j.idempotency_key) j.id, j.created_at
+    FROM trio_jobs_jobs j
+    WHERE j.state = %(state)s
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR j.name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_jobs_jobs h
+          WHERE h.name = j.name AND h.idempotency_key = j.idempotency_key
+            AND h.tenant_id IS NOT DISTINCT FROM j.tenant_id
+            AND h.state IN ('ready', 'delayed', 'running', 'suspended'))
+    ORDER BY j.name, j.tenant_id, j.idempotency_key, j.created_at, j.id
+)
+SELECT (SELECT count(*) FROM movable),
+    ARRAY(SELECT id FROM movable ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_promote
+-- A dry run of promote_many until nothing remains (promote_many's `matched`).
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+matched AS (
+    SELECT j.id, j.created_at FROM trio_jobs_jobs j, n
+    WHERE j.state = %(state)s
+      AND (j.state = 'delayed' OR (j.state = 'ready' AND j.run_at > n.now))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR j.name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s)
+)
+SELECT (SELECT count(*) FROM matched),
+    ARRAY(SELECT id FROM matched ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_rows
+SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
+    concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
+    priority, updated_at, worker_id, sensitive
+FROM trio_jobs_jobs
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY created_at, id;
 
 -- name: pause_queue
 INSERT INTO trio_jobs_queue_pauses (queue, paused_at) VALUES (%(queue)s, trio_jobs_now(%(now)s))
