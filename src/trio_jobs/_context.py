@@ -15,6 +15,7 @@ import trio
 from . import _ambient, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
+from ._validate import check_text
 from ._write_retry import is_transient, retry_delay, write_retrying
 from .drivers._protocol import Progress, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
@@ -291,6 +292,7 @@ class RunState:
                 ErrorCode.X_JOB_DECLARATION_INVALID,
                 f"{what} needs a name: a non-empty string of at most {MAX_STEP_NAME} characters",
             )
+        check_text(name, what=f"the {what} name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if name == RESERVED_STEP or name.startswith(COMPENSATE_PREFIX):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -576,6 +578,7 @@ class Steps:
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID, "wait_for_event needs an event name"
             )
+        check_text(event, what="the event name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if match is not None and not callable(match):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
