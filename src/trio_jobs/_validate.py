@@ -28,6 +28,7 @@ __all__ = [
     "check_priority",
     "check_text",
     "epoch",
+    "storable",
     "text_fault",
 ]
 
@@ -53,6 +54,13 @@ def text_fault(value: str) -> str | None:
     if found.group() == "\x00":
         return "it holds a NUL character (\\x00), which PostgreSQL text cannot store"
     return "it holds half of a surrogate pair, which has no UTF-8 form"
+
+
+def storable(text: str) -> str:
+    """``text`` with each character no driver stores (NUL, a lone surrogate)
+    replaced by U+FFFD: for text the library records rather than refuses (an
+    exception's message, written to ``last_error`` and a step's error)."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def check_text(value: str, *, what: str, code: ErrorCode, fix: str = "") -> None:
