@@ -15,6 +15,7 @@ import trio
 from . import _ambient, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
+from ._validate import check_text, storable
 from ._write_retry import is_transient, retry_delay, write_retrying
 from .drivers._protocol import Progress, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
@@ -307,6 +308,7 @@ class RunState:
                 ErrorCode.X_JOB_DECLARATION_INVALID,
                 f"{what} needs a name: a non-empty string of at most {MAX_STEP_NAME} characters",
             )
+        check_text(name, what=f"the {what} name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if name == RESERVED_STEP or name.startswith(COMPENSATE_PREFIX):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -592,6 +594,7 @@ class Steps:
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID, "wait_for_event needs an event name"
             )
+        check_text(event, what="the event name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if match is not None and not callable(match):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -893,10 +896,13 @@ def _parse_event(schema: Any, payload: Any, step: str) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
+    """What a failure records (``last_error``, a step's error): the exception's
+    text, made storable by every driver (a NUL in a library's message would make
+    PostgreSQL refuse the settle and leave the run held until its lease lapsed)."""
     if isinstance(exc, JobsError):
-        return str(exc)
+        return storable(str(exc))
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 class JobContext(Generic[I]):

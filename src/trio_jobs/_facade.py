@@ -23,6 +23,7 @@ from ._enqueue import (
 from ._lifetime import DriverLifetimes
 from ._serialization import payload_form
 from ._time import IdSource, UuidSource
+from ._validate import check_text
 from .drivers._protocol import (
     MAX_BULK_ROWS,
     MAX_PREVIEW_SAMPLE,
@@ -277,23 +278,25 @@ class Jobs:
         before: str | None = None,
     ) -> JobPage:
         """A keyset page of jobs, newest first (``limit`` at most ``MAX_JOB_PAGE``)."""
-        return await (await self._introspect()).list(
-            ListFilter(
-                queue=queue,
-                name=name,
-                state=state,
-                tenant_id=tenant_id,
-                id_prefix=id_prefix,
-                created_from=_epoch(created_from),
-                created_to=_epoch(created_to),
-                limit=limit,
-                after=after,
-                before=before,
-            )
+        # Built (and so validated) before any driver is asked.
+        page = ListFilter(
+            queue=queue,
+            name=name,
+            state=state,
+            tenant_id=tenant_id,
+            id_prefix=id_prefix,
+            created_from=_epoch(created_from, what="created_from"),
+            created_to=_epoch(created_to, what="created_to"),
+            limit=limit,
+            after=after,
+            before=before,
         )
+        return await (await self._introspect()).list(page)
 
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
         """Requeue a finished job; completed steps replay from storage."""
+        if from_step is not None:
+            _check_arg(from_step, "from_step")
         intro, key = await self._one(job_id)
         return await intro.requeue(key, from_step)
 
@@ -301,6 +304,8 @@ class Jobs:
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
         """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
+        if reason is not None:
+            _check_arg(reason, "the cancel reason")
         intro, key = await self._one(job_id)
         return await intro.cancel(key, reason)
 
@@ -316,9 +321,8 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).remove_many(
-            BulkFilter(state, queue, name, tenant_id)
-        )
+        rows = BulkFilter(state, queue, name, tenant_id)
+        return await (await self._introspect()).remove_many(rows)
 
     async def requeue_many(
         self,
@@ -328,9 +332,8 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).requeue_many(
-            BulkFilter(state, queue, name, tenant_id)
-        )
+        rows = BulkFilter(state, queue, name, tenant_id)
+        return await (await self._introspect()).requeue_many(rows)
 
     async def promote(self, job_id: str) -> JobView:
         intro, key = await self._one(job_id)
@@ -344,9 +347,8 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).promote_many(
-            BulkFilter(state, queue, name, tenant_id)
-        )
+        rows = BulkFilter(state, queue, name, tenant_id)
+        return await (await self._introspect()).promote_many(rows)
 
     async def preview_many(
         self,
@@ -388,6 +390,7 @@ class Jobs:
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         """Resolve a ``once`` step whose outcome is unknown: it ran (with ``output``)
         or it did not (it runs again on the next attempt)."""
+        _check_arg(step, "the step name")
         form = payload_form(
             output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
         )
@@ -395,9 +398,11 @@ class Jobs:
         await intro.resolve_step(key, step, ran=ran, output=form)
 
     async def pause_queue(self, queue: str) -> None:
+        _check_arg(queue, "the queue name")
         await (await self._introspect()).pause_queue(queue)
 
     async def resume_queue(self, queue: str) -> None:
+        _check_arg(queue, "the queue name")
         await (await self._introspect()).resume_queue(queue)
 
     async def paused_queues(self) -> builtins.list[str]:
@@ -410,7 +415,10 @@ class Jobs:
         self, job: Job[Any, Any] | str | None = None, since: datetime | float = 0.0
     ) -> builtins.list[CounterRow]:
         name = job.name if isinstance(job, Job) else job
-        return await (await self._introspect()).counters(name, _epoch(since) or 0.0)
+        if name is not None:
+            _check_arg(name, "the job name")
+        start = _epoch(since, what="since") or 0.0
+        return await (await self._introspect()).counters(name, start)
 
     async def stats(self) -> builtins.list[QueueStats]:
         return await (await self._resolved_driver()).stats()
@@ -487,6 +495,14 @@ async def open_jobs(
             del failure
 
 
+def _check_arg(value: object, what: str) -> None:
+    """An operator call's text argument: a string every driver can store
+    (``X_INVARIANT``, as the calls' other misuses)."""
+    if not isinstance(value, str):
+        raise JobsError(ErrorCode.X_INVARIANT, f"{what} must be a string")
+    check_text(value, what=what, code=ErrorCode.X_INVARIANT)
+
+
 def current_jobs() -> Jobs:
     """The ambient facade, or ``X_CONFIG_INVALID`` saying how to install one."""
     return current_facade()
@@ -500,6 +516,7 @@ async def publish_event(event: str, payload: Any) -> None:
         raise JobsError(
             ErrorCode.X_INVARIANT, "an event name is a non-empty string of at most 200 characters"
         )
+    check_text(event, what="the event name", code=ErrorCode.X_INVARIANT)
     form = payload_form(
         payload, what=f"the payload of event {event!r}", code=ErrorCode.X_JOB_EVENT_INVALID
     )

@@ -52,6 +52,7 @@ from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
 from ._unwind import unwind
+from ._validate import text_fault
 from ._write_retry import is_transient, write_retrying
 from .drivers._protocol import (
     AckOptions,
@@ -186,10 +187,11 @@ class Worker:
         if (
             isinstance(queues, str)
             or not queues
-            or not all(isinstance(q, str) and q for q in queues)
+            or not all(isinstance(q, str) and q and text_fault(q) is None for q in queues)
         ):
             raise JobsError(
-                ErrorCode.X_CONFIG_INVALID, "queues must be a non-empty list of queue names"
+                ErrorCode.X_CONFIG_INVALID,
+                "queues must be a non-empty list of queue names (without NUL characters)",
             )
         self.queues: list[str] = list(dict.fromkeys(queues))
         self.slots: dict[str, int] = {}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from .._validate import check_text
 from ..errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
@@ -492,6 +493,13 @@ def _check_limit(_inst: object, _attr: attrs.Attribute[Any], limit: int) -> None
         )
 
 
+def _check_text(_inst: object, attr: attrs.Attribute[Any], value: str | None) -> None:
+    # A filter value no driver can store matches no row; PostgreSQL would
+    # raise on it instead, so every driver refuses it the same way.
+    if isinstance(value, str):
+        check_text(value, what=f"the {attr.name} filter", code=ErrorCode.X_INVARIANT)
+
+
 def _check_cursors(inst: ListFilter, _attr: attrs.Attribute[Any], before: str | None) -> None:
     if before is not None and inst.after is not None:
         raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
@@ -503,15 +511,16 @@ class ListFilter:
 
     Validated once, where it is built (every layer after it trusts it): a
     ``state`` outside :data:`ALL_STATES` or both ``after`` and ``before`` is
-    ``X_INVARIANT``; a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
+    ``X_INVARIANT``, and so is a text filter holding a character no driver
+    stores (NUL); a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
     ``X_JOB_PAGE_INVALID``. (A cursor that does not decode is the driver's
     ``X_JOB_PAGE_INVALID``.)"""
 
-    queue: str | None = None
-    name: str | None = None
+    queue: str | None = attrs.field(default=None, validator=_check_text)
+    name: str | None = attrs.field(default=None, validator=_check_text)
     state: str | None = attrs.field(default=None, validator=_check_state)
-    tenant_id: str | None = None
-    id_prefix: str | None = None
+    tenant_id: str | None = attrs.field(default=None, validator=_check_text)
+    id_prefix: str | None = attrs.field(default=None, validator=_check_text)
     created_from: float | None = None
     created_to: float | None = None
     limit: int = attrs.field(default=50, validator=_check_limit)
@@ -523,13 +532,13 @@ class ListFilter:
 class BulkFilter:
     """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches.
 
-    Validated where it is built: a ``state`` outside :data:`ALL_STATES` is
-    ``X_INVARIANT``."""
+    Validated where it is built: a ``state`` outside :data:`ALL_STATES`, or a
+    text filter holding a character no driver stores (NUL), is ``X_INVARIANT``."""
 
     state: str = attrs.field(validator=_check_state)
-    queue: str | None = None
-    name: str | None = None
-    tenant_id: str | None = None
+    queue: str | None = attrs.field(default=None, validator=_check_text)
+    name: str | None = attrs.field(default=None, validator=_check_text)
+    tenant_id: str | None = attrs.field(default=None, validator=_check_text)
 
 
 BulkAction = Literal["remove", "requeue", "promote"]

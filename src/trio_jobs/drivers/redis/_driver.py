@@ -23,7 +23,6 @@ from typing import Any
 
 import coredis
 import coredis.exceptions
-import coredis.retry
 import trio
 
 from ..._serialization import dumps, loads
@@ -51,7 +50,7 @@ from .._protocol import (
     StepRecord,
 )
 from .._service import ServiceTasks
-from ._scripts import SCRIPT_NAMES, script_sha, script_source
+from ._client import Scripts, connect, not_connected, translate
 from ._wake import RedisWake
 
 __all__ = ["SCHEMA_VERSION", "RedisDriver"]
@@ -184,17 +183,10 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     return records
 
 
-def unavailable(exc: BaseException | None, what: str = "") -> DriverError:
-    """``X_DRIVER_UNAVAILABLE`` for a failed call. The message names the
-    exception class only: a server message may echo keys or arguments."""
-    kind = type(exc).__name__ if exc is not None else "no connection"
-    detail = f" ({what})" if what else ""
-    return DriverError(
-        ErrorCode.X_DRIVER_UNAVAILABLE,
-        f"could not reach Redis{detail}: {kind}; check the URL (REDIS_URL) and that the "
-        "server is up — the call can be retried once it is",
-        meta={"kind": kind},
-    )
+def unavailable(what: str) -> DriverError:
+    """``X_DRIVER_UNAVAILABLE`` for a call the driver cannot send (it is closed,
+    or its pool did not start): nothing was sent."""
+    return not_connected(what)
 
 
 def _request_row(r: EnqueueRequest) -> list[str]:
@@ -254,6 +246,7 @@ class RedisDriver:
         self._system = SystemClock()
         self._skew = 0.0
         self._client: coredis.Redis[str] | None = None
+        self._scripts: Scripts | None = None
         self._url = ""
         self._service = ServiceTasks("redis", logger)
         self.steps = _RedisSteps(self)
@@ -288,7 +281,7 @@ class RedisDriver:
     @property
     def client(self) -> coredis.Redis[str]:
         if self._client is None or self.closed or not self._service.running:
-            raise unavailable(None, "the driver is not open: enter it with open_jobs(...)")
+            raise unavailable("the driver is not open: enter it with open_jobs(...)")
         return self._client
 
     def _resolve_url(self) -> str:
@@ -321,16 +314,11 @@ class RedisDriver:
             return
         url = self._resolve_url()
         try:
-            client: coredis.Redis[str] = coredis.Redis.from_url(
+            client = connect(
                 url,
-                decode_responses=True,
                 connect_timeout=self._connect_timeout,
                 stream_timeout=self._stream_timeout,
                 max_connections=self._max_connections,
-                # A write whose reply was lost must not be sent twice: the
-                # caller decides (claims and settles are fenced; a repeated
-                # enqueue dedupes on its id).
-                retry_policy=coredis.retry.NoRetryPolicy(),
             )
         except (ValueError, TypeError, coredis.exceptions.RedisError):
             raise JobsError(
@@ -340,11 +328,13 @@ class RedisDriver:
             ) from None
         self._url = url
         self._client = client
+        self._scripts = Scripts(client)
         self.closed = False
         await self._start_service(client, nursery)
         try:
-            for name in SCRIPT_NAMES:
-                await self._call(self.client.script_load(script_source(name)), "SCRIPT LOAD")
+            # Loaded up front, so a first call pays no NOSCRIPT round trip.
+            for source in self._scripts.sources():
+                await self._call(self.client.script_load(source), "SCRIPT LOAD")
             stored = await self._script("schema", [str(SCHEMA_VERSION)])
             if int(_s(stored)) != SCHEMA_VERSION:
                 raise JobsError(
@@ -399,10 +389,10 @@ class RedisDriver:
         """Hold the client's connection pool (and the wake session) in
         ``nursery``, else a system task (see :class:`ServiceTasks`)."""
         if not await self._service.start(context=client, nursery=nursery):
-            raise unavailable(None, "the connection pool did not start")
+            raise unavailable("the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
-        self._service.spawn(fn, lambda: unavailable(None, "the driver is not open"))
+        self._service.spawn(fn, lambda: unavailable("the driver is not open"))
 
     async def _stop_service(self) -> None:
         await self._service.stop()
@@ -422,33 +412,15 @@ class RedisDriver:
     # ------------------------------------------------------------------ calls
 
     async def _call(self, request: Awaitable[Any], what: str) -> Any:
-        """Await one command, translating the client's failures at the boundary."""
+        """Await one command, translating the client's failures at the boundary
+        (:func:`~._client.translate`, the one place they map to codes)."""
         try:
             return await request
-        except (
-            coredis.exceptions.ConnectionError,
-            TimeoutError,
-            OSError,
-            coredis.exceptions.ReadOnlyError,
-        ) as exc:
-            raise unavailable(exc, what) from None
-        except coredis.exceptions.RedisError as exc:
-            if isinstance(exc, coredis.exceptions.ResponseError) and str(exc).startswith(
-                ("OOM", "BUSY", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
-            ):
-                raise unavailable(exc, f"{what}: {str(exc).split(' ', 1)[0]}") from None
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"Redis refused {what} ({type(exc).__name__}); this is a bug in the "
-                "Redis driver or a server it does not support (Redis 7 or later, standalone)",
-                meta={"kind": type(exc).__name__},
-            ) from None
-        except RuntimeError as exc:
-            # coredis answers a pool that has exited with RuntimeError.
-            raise unavailable(exc, what) from None
+        except (coredis.exceptions.RedisError, TimeoutError, OSError, RuntimeError) as exc:
+            raise translate(exc, what) from None
 
     async def _script(self, name: str, args: Sequence[str]) -> Any:
-        """Call script ``name`` by digest (loading it again on ``NOSCRIPT``)."""
+        """Call script ``name`` (coredis reloads it once on ``NOSCRIPT``)."""
         full = [
             self.prefix,
             "" if self._clock is None else repr(float(self._clock.now())),
@@ -456,14 +428,9 @@ class RedisDriver:
             repr(self._dead_ttl),
             *args,
         ]
-        client = self.client
-        try:
-            return await self._call(client.evalsha(script_sha(name), args=full), name)
-        except JobsError as exc:
-            if exc.meta.get("kind") != "NoScriptError":
-                raise
-        await self._call(client.script_load(script_source(name)), "SCRIPT LOAD")
-        return await self._call(client.evalsha(script_sha(name), args=full), name)
+        self.client  # noqa: B018 — a closed driver refuses before the call is built
+        assert self._scripts is not None
+        return await self._call(self._scripts.call(name, full), name)
 
     async def _send_probe(self, token: str) -> None:
         await self._call(self.client.publish(self.channel, token), "PUBLISH")

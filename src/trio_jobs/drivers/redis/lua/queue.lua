@@ -9,6 +9,13 @@
 -- start at ARGV[A]. Times are float seconds, kept in hashes as '%.6f' strings
 -- (a Lua number returned to Redis would be truncated to an integer).
 --
+-- Every script checks its arguments before its first write: Redis does not
+-- roll a script back, so a script that failed half way (a NaN score, say) would
+-- leave half a row behind. A refusal is an error reply whose first word is the
+-- code ('X_INVARIANT <what>', 'X_JOB_INPUT_INVALID <what>'); the driver maps it
+-- in one place (_client.translate). The facade refuses the same values first
+-- (_validate.py): these checks hold for a caller below it.
+--
 -- Keys (P is the prefix):
 --   P:schema                 the key-schema version
 --   P:job:<id>               a row (hash)
@@ -31,7 +38,101 @@
 --   P:wake                   the pub/sub channel; the message is a queue name
 
 -- name: prelude
+-- The range every driver accepts (_validate.py, _time.py): instants from 1970
+-- to the end of 9999, durations up to 100 years, 32-bit priorities.
+local MAX_EPOCH = 253402300799
+local MAX_DURATION = 3155760000
+local MAX_PRIORITY = 2147483647
+
+-- A number that is not NaN or infinite, or nil.
+local function finite(v)
+  local x = tonumber(v)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+
+-- A whole number written as digits (an optional minus), or nil.
+local function whole(v)
+  if type(v) ~= 'string' or not string.match(v, '^%-?%d+$') then return nil end
+  return tonumber(v)
+end
+
+-- Each check answers what is wrong with an argument, or nil.
+local function need(v, name)
+  if v == nil or v == '' then return name .. ' is missing' end
+  return nil
+end
+
+local function need_whole(v, name, lo, hi)
+  local x = whole(v)
+  if x == nil or (lo and x < lo) or (hi and x > hi) then
+    return name .. ' must be a whole number' ..
+      (lo and hi and (' from ' .. lo .. ' to ' .. hi) or (lo and (' of at least ' .. lo) or ''))
+  end
+  return nil
+end
+
+local function need_positive(v, name)
+  local x = finite(v)
+  if x == nil or x <= 0 or x > MAX_DURATION then
+    return name .. ' must be a positive number of seconds, at most 100 years'
+  end
+  return nil
+end
+
+-- An optional argument ('' is none, '=' .. value is one).
+local function need_opt(v, name)
+  if v == nil or (v ~= '' and string.sub(v, 1, 1) ~= '=') then
+    return name .. ' must be empty or =<value>'
+  end
+  return nil
+end
+
+local function need_instant_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  local x = finite(string.sub(v, 2))
+  if x == nil or x < 0 or x > MAX_EPOCH then
+    return name .. ' must be an instant from 1970 to 9999 (epoch seconds)'
+  end
+  return nil
+end
+
+local function need_duration_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  local x = finite(string.sub(v, 2))
+  if x == nil or x < 0 or x > MAX_DURATION then
+    return name .. ' must be a number of seconds from 0 to 100 years'
+  end
+  return nil
+end
+
+local function need_flag(v, name)
+  if v ~= '' and v ~= '0' and v ~= '1' then return name .. " must be '', '0' or '1'" end
+  return nil
+end
+
+-- The first fault of a list of checks (nil when all pass).
+local function first(...)
+  for i = 1, select('#', ...) do
+    local bad = select(i, ...)
+    if bad then return bad end
+  end
+  return nil
+end
+
+local function refuse(code, why)
+  return redis.error_reply(code .. ' ' .. why .. '; nothing was written')
+end
+
 local P = ARGV[1]
+local fault = first(
+  need(P, 'the key prefix'),
+  ARGV[2] ~= '' and finite(ARGV[2]) == nil and 'the test clock must be empty or a number' or nil,
+  need_positive(ARGV[3], 'the done retention'),
+  need_positive(ARGV[4], 'the dead retention'))
+if fault then return refuse('X_INVARIANT', fault) end
 local NOW
 if ARGV[2] ~= '' then
   NOW = tonumber(ARGV[2])
@@ -211,6 +312,33 @@ end
 
 local ROW = 15
 
+-- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
+-- arguments; checked for every row before the first is written).
+local function row_fault(i, r)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local bad = first(
+    need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
+    need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
+    need_opt(ck, 'concurrency_key'), need_whole(mx, 'max_attempts', 1),
+    need_whole(prio, 'priority', -MAX_PRIORITY - 1, MAX_PRIORITY),
+    need_instant_opt(run, 'run_at'), need_duration_opt(delay, 'delay'),
+    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'))
+  if bad then return 'row ' .. r .. ': ' .. bad end
+  return nil
+end
+
+-- The rows of an enqueue or a commit: n at ARGV[i ...]. Answers the first
+-- fault, or nil.
+local function rows_fault(n, i)
+  if n == nil or n < 0 then return 'the row count must be a whole number' end
+  if #ARGV < i + n * ROW - 1 then return 'the rows are incomplete' end
+  for r = 1, n do
+    local bad = row_fault(i + (r - 1) * ROW, r)
+    if bad then return bad end
+  end
+  return nil
+end
+
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
   local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
@@ -284,6 +412,8 @@ end
 
 -- name: schema
 -- The key-schema version: set on first use, answered as stored afterwards.
+fault = need_whole(ARGV[A], 'the key-schema version', 1)
+if fault then return refuse('X_INVARIANT', fault) end
 local cur = redis.call('GET', P .. ':schema')
 if not cur then
   redis.call('SET', P .. ':schema', ARGV[A])
@@ -296,7 +426,10 @@ return cur
 -- already a row (a republish), answers that row, deduped; inputs sharing a key
 -- in one call are one row (the first stands for the rest). Answers
 -- {id, run_id, deduped} per input, in order; announces the queues it made due.
-local n = tonumber(ARGV[A])
+local n = whole(ARGV[A])
+fault = rows_fault(n, A + 1)
+if fault then return refuse('X_JOB_INPUT_INVALID', fault) end
+if #ARGV ~= A + n * ROW then return refuse('X_INVARIANT', 'extra arguments after the rows') end
 local out = {}
 local woke = {}
 local i = A + 1
@@ -329,7 +462,32 @@ return out
 -- fenced step records, applied together. When another enqueue took one of its
 -- keys (or ids) since it was staged, nothing is applied and the script answers
 -- 'conflict'; when a step record's fence no longer holds its row, 'lost'.
-local n = tonumber(ARGV[A])
+local n = whole(ARGV[A])
+fault = rows_fault(n, A + 1)
+if fault then return refuse('X_JOB_INPUT_INVALID', fault) end
+do
+  local e0 = A + 1 + n * ROW
+  local ne = whole(ARGV[e0])
+  fault = need_whole(ARGV[e0], 'the event count', 0)
+  if not fault then
+    for e = 1, ne do
+      fault = fault or need(ARGV[e0 + 2 * e - 1], 'an event name') or need(ARGV[e0 + 2 * e], 'an event payload')
+    end
+    local s0 = e0 + 2 * ne + 1
+    fault = fault or need_whole(ARGV[s0], 'the step count', 0)
+    if not fault then
+      local ns = whole(ARGV[s0])
+      for r = 0, ns - 1 do
+        local k = s0 + 1 + 6 * r
+        fault = fault or first(need(ARGV[k], 'a step job id'), need(ARGV[k + 1], 'a step worker'),
+          need_whole(ARGV[k + 2], 'a step claim'), need(ARGV[k + 3], 'a step name'),
+          need_whole(ARGV[k + 4], 'a step seq'), need(ARGV[k + 5], 'a step record'))
+      end
+      if not fault and #ARGV ~= s0 + 6 * ns then fault = 'the arguments do not add up' end
+    end
+  end
+  if fault then return refuse('X_INVARIANT', fault) end
+end
 local i = A + 1
 for r = 1, n do
   if holder(ARGV[i + ROW - 1], ARGV[i]) then
@@ -373,6 +531,16 @@ return qs
 -- set and up to `take` of them are claimed, best first (priority, run_at, seq),
 -- each with a fresh fence and its step records. Answers {taken, exhausted,
 -- next due} (see ClaimResult.next_due).
+fault = first(need(ARGV[A], 'worker_id'), need_positive(ARGV[A + 1], 'visibility_timeout'),
+  need(ARGV[A + 2], 'the lapse message'), need_whole(ARGV[A + 3], 'the drop-name count', 0))
+if not fault then
+  local q0 = A + 4 + tonumber(ARGV[A + 3])
+  if (#ARGV - q0 + 1) % 2 ~= 0 then fault = 'queues come in (queue, take) pairs' end
+  for j = q0, #ARGV, 2 do
+    fault = fault or need(ARGV[j], 'a queue') or need_whole(ARGV[j + 1], 'a take', 0)
+  end
+end
+if fault then return refuse('X_INVARIANT', fault) end
 local worker = ARGV[A]
 local vis = tonumber(ARGV[A + 1])
 local lapse_message = ARGV[A + 2]
@@ -476,6 +644,11 @@ return {taken, exhausted, next_due and fmt(next_due) or ''}
 -- concurrency slots are freed and the done counter moves, all here. The row
 -- keeps the claim that settled it ('sc'); `again` (ARGV[A + 6] = '1') is the
 -- retry of an ack whose reply never came (see settled_by).
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'), need_opt(ARGV[A + 3], 'the result'),
+  need_opt(ARGV[A + 4], 'the progress'), need_duration_opt(ARGV[A + 5], 'the duration'),
+  need_flag(ARGV[A + 6], 'again'))
+if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
 local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local jk = jobkey(id)
@@ -500,6 +673,19 @@ return 1
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
 -- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none).
+local STATES = {ready = true, delayed = true, suspended = true, dead = true, failed = true}
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'),
+  not STATES[ARGV[A + 3]] and 'the state must be ready, delayed, suspended, dead or failed' or nil,
+  (ARGV[A + 4] ~= '0' and ARGV[A + 4] ~= '1') and "counted must be '0' or '1'" or nil,
+  need_opt(ARGV[A + 5], 'max_attempts'),
+  (ARGV[A + 5] or '') ~= '' and need_whole(string.sub(ARGV[A + 5], 2), 'max_attempts', 1) or nil,
+  need_opt(ARGV[A + 6], 'the progress'), need_flag(ARGV[A + 7], 'set_error'),
+  need_opt(ARGV[A + 8], 'the error code'), need_opt(ARGV[A + 9], 'the error'),
+  need_instant_opt(ARGV[A + 10], 'run_at'), need_duration_opt(ARGV[A + 11], 'delay'),
+  need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
+  need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'))
+if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
 local ec, em, run, delay = ARGV[A + 8], ARGV[A + 9], ARGV[A + 10], ARGV[A + 11]
@@ -571,6 +757,9 @@ return {1, q, 0}
 -- (a claim whose reply never reached it took them): handed back uncounted, due
 -- now, their slots released. ARGV[A] the worker, ARGV[A + 1] the error message,
 -- ARGV[A + 2 ...] the claims it holds. Answers their ids.
+fault = first(need(ARGV[A], 'worker_id'), need(ARGV[A + 1], 'the message'))
+for i = A + 2, #ARGV do fault = fault or need_whole(ARGV[i], 'a held claim') end
+if fault then return refuse('X_INVARIANT', fault) end
 local worker, msg = ARGV[A], ARGV[A + 1]
 local held = {}
 for i = A + 2, #ARGV do held[ARGV[i]] = true end
@@ -599,6 +788,17 @@ return out
 -- name: heartbeat
 -- Renew each held row's lease and its concurrency slots: 'ok', 'lost' (not
 -- ours any more) or 'cancelled', one per request.
+fault = first(need_positive(ARGV[A], 'visibility_timeout'), need_whole(ARGV[A + 1], 'the count', 0))
+if not fault then
+  local m = tonumber(ARGV[A + 1])
+  if #ARGV ~= A + 1 + 4 * m then fault = 'the requests do not add up' end
+  for r = 1, m do
+    local b = A + 2 + (r - 1) * 4
+    fault = fault or first(need(ARGV[b], 'job_id'), need(ARGV[b + 1], 'worker_id'),
+      need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the progress'))
+  end
+end
+if fault then return refuse('X_INVARIANT', fault) end
 local vis = tonumber(ARGV[A])
 local n = tonumber(ARGV[A + 1])
 local out = {}
@@ -628,12 +828,18 @@ return out
 
 -- name: step_put
 -- One step record, only while the fence holds the row (see put_step).
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'), need(ARGV[A + 3], 'the step name'),
+  need_whole(ARGV[A + 4], 'the seq'), need(ARGV[A + 5], 'the record'))
+if fault then return refuse('X_INVARIANT', fault) end
 if put_step(ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]) then
   return 1
 end
 return 0
 
 -- name: publish
+fault = first(need(ARGV[A], 'the event name'), need(ARGV[A + 1], 'the payload'))
+if fault then return refuse('X_INVARIANT', fault) end
 local woke = {}
 publish_event(ARGV[A], ARGV[A + 1], woke)
 announce(woke)
@@ -663,6 +869,10 @@ return out
 -- Take a free slot of `key` (one not held, or whose holder's lease expired), or
 -- keep the one this fence already holds. Answers {slot or -1, own}. Fenced
 -- like every write: a claim that lapsed takes no slot.
+fault = first(need(ARGV[A], 'the lease key'), need_whole(ARGV[A + 1], 'the limit', 1),
+  need(ARGV[A + 2], 'job_id'), need(ARGV[A + 3], 'worker_id'),
+  need_whole(ARGV[A + 4], 'the claim'), need_positive(ARGV[A + 5], 'the ttl'))
+if fault then return refuse('X_INVARIANT', fault) end
 local key, limit, job, worker, claim, ttl = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], tonumber(ARGV[A + 5])
 if not owned(jobkey(job), worker, claim) then return {-1, 0} end
 local free = nil
@@ -694,10 +904,14 @@ if #holders == 0 then own = 0 end
 return {-1, own}
 
 -- name: lease_release
+fault = need(ARGV[A], 'job_id')
+if fault then return refuse('X_INVARIANT', fault) end
 release_leases(ARGV[A])
 return 1
 
 -- name: lease_held
+fault = need(ARGV[A], 'the lease key')
+if fault then return refuse('X_INVARIANT', fault) end
 local n = 0
 local ls = P .. ':lslots:' .. ARGV[A]
 for _, sk in ipairs(redis.call('SMEMBERS', ls)) do
