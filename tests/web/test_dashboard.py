@@ -171,6 +171,67 @@ class TestPages:
             assert "<i>k</i>" not in html
             assert "<u>org</u>" not in html
 
+    async def test_script_in_a_name_an_error_or_a_tenant_renders_escaped_on_every_page(
+        self,
+    ) -> None:
+        """Whatever the rows hold reaches the page as text: a job name, a tenant,
+        an error message, a step name, a worker's id, host and queues (a queue
+        name is refused at declaration)."""
+
+        def script(what: str) -> str:
+            return f'<script>alert("{what}")</script>'
+
+        @attrs.frozen
+        class Evil:
+            key: str
+
+        @job(
+            input=Evil,
+            idempotency_key=lambda i: i.key,
+            name=script("name"),
+            retry=Retry(attempts=1),
+        )
+        async def evil(ctx: JobContext[Evil]) -> None:
+            await ctx.step.run(script("step"), lambda: 1)
+            raise JobsError("X_EVIL", script("error"))
+
+        async with open_jobs(memory_driver(), jobs=[evil]) as jobs:
+            enq = await evil.enqueue(Evil("k"), tenant_id=script("tenant"))
+            await Worker(jobs).run_until_quiet()
+            intro = jobs.driver.introspect
+            assert intro is not None
+            from trio_jobs.drivers import WorkerInfo
+
+            await intro.record_worker(
+                WorkerInfo(
+                    id=script("worker"),
+                    host=script("host"),
+                    pid=1,
+                    started_at=jobs.driver.now(),
+                    queues=[script("queue")],
+                    slots={script("queue"): 1},
+                    in_flight=[],
+                ),
+                60.0,
+            )
+            for handles in (jobs, Jobs(jobs.driver, [])):  # with and without the handle
+                client = AsgiClient(create_app(handles))
+                pages = {
+                    path: (await client.get(path)).text
+                    for path in ("/", "/jobs", "/dead", "/workers", f"/{enq.id}")
+                }
+                shown = {
+                    "/": ["name", "error", "host"],
+                    "/jobs": ["name"],
+                    "/dead": ["name", "error"],
+                    "/workers": ["host", "queue"],
+                    f"/{enq.id}": ["name", "tenant", "error", "step"],
+                }
+                for path, html in pages.items():
+                    assert "<script>alert" not in html, path
+                    for what in shown[path]:
+                        assert f"&lt;script&gt;alert(&#34;{what}&#34;)" in html, (path, what)
+
 
 class TestList:
     async def test_filters_are_the_same_as_jobs_list(self, site: Site) -> None:
@@ -439,7 +500,7 @@ class TestCsrf:
         same = await site.client.post(
             f"/{site.world.charge}/retry",
             {"csrf": token},
-            headers={"origin": "http://testserver", "sec-fetch-site": "same-origin"},
+            headers={"origin": "http://localhost", "sec-fetch-site": "same-origin"},
         )
         assert same.status == 303
 
@@ -479,16 +540,39 @@ async def test_a_page_reply_is_one_round_of_facade_reads_not_sql(site: Site) -> 
     """Actions and pages go through the facade: the app module holds no SQL."""
     import inspect
 
+    import trio_jobs.web._actions as actions_module
     import trio_jobs.web._app as app_module
+    import trio_jobs.web._pages as pages_module
 
-    source = inspect.getsource(app_module).lower()
-    for pattern in (
-        r"\bselect\b[^<>\n]*\bfrom\b",
-        r"\bupdate \w+ set\b",
-        "delete from",
-        "insert into",
-    ):
-        assert not re.search(pattern, source), pattern
-    assert "execute(" not in source
-    assert "driver." not in source.replace("jobs.driver.now", "")
+    for module in (app_module, pages_module, actions_module):
+        source = inspect.getsource(module).lower()
+        for pattern in (
+            r"\bselect\b[^<>\n]*\bfrom\b",
+            r"\bupdate \w+ set\b",
+            "delete from",
+            "insert into",
+        ):
+            assert not re.search(pattern, source), (module.__name__, pattern)
+        assert "execute(" not in source
+        assert "driver." not in source.replace("jobs.driver.now", ""), module.__name__
     _ = (sync_account, Reply)
+
+
+def test_html_comes_from_autoescaping_templates_one_per_page() -> None:
+    """No module of the web package writes HTML: the pages are Jinja2 templates
+    (autoescape on) shipped in the package, one per page."""
+    import importlib.resources
+    import inspect
+
+    import trio_jobs.web as web
+    from trio_jobs.web import _actions, _app, _metrics, _pages, _security, _serve, _templates
+
+    assert _templates.environment().autoescape is True
+    folder = importlib.resources.files(web) / "templates"
+    shipped = {entry.name for entry in folder.iterdir()}
+    for page in ("overview.html", "jobs.html", "dead.html", "workers.html", "job.html"):
+        assert page in shipped
+        _templates.environment().get_template(page)  # found through the package loader
+    tag = re.compile(r"<(td|tr|th|div|span|a|form|input|table|pre|h1|h2|p|li|ol|svg|b)[ >]")
+    for module in (_actions, _app, _metrics, _pages, _security, _serve, _templates):
+        assert not tag.search(inspect.getsource(module)), module.__name__

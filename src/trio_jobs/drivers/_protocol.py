@@ -578,6 +578,10 @@ class CounterRow:
     failed: int = 0
     dead: int = 0
     duration: float = 0.0
+    #: The queue the job settled in (the last one, should a job name have moved
+    #: between queues within the bucket); ``None`` for a row written before
+    #: counters carried it.
+    queue: str | None = None
 
 
 class JobIntrospection(Protocol):
