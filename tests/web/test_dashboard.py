@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import attrs
@@ -14,6 +15,7 @@ import trio
 from asgi_client import AsgiClient, Reply
 from seed import ALL, SECRET, World, charge_card, seed, send_welcome, sync_account
 
+from jobs_support import Item, running_worker, wait_state
 from trio_jobs import (
     ErrorCode,
     JobContext,
@@ -107,6 +109,16 @@ class TestPages:
         # the error and its code stay visible: an operator needs them
         assert "X_CARD_DECLINED" in html
         assert "the issuer declined the charge" in html
+
+    async def test_without_the_handles_each_queue_shows_its_throughput(self) -> None:
+        """``trio-jobs dashboard`` registers no handle: the counters say the queue."""
+        async with open_jobs(memory_driver(), jobs=ALL) as jobs:
+            await seed(jobs)
+            bare = AsgiClient(create_app(Jobs(jobs.driver, [])))
+            html = (await bare.get("/")).text
+        assert "emails: 3 done, 0 failed in the last hour" in html
+        assert "billing: 0 done, 1 failed in the last hour" in html
+        assert '<span class="muted">3/h</span>' in html
 
     async def test_without_the_handle_the_rows_own_sensitive_flag_decides(self) -> None:
         async with open_jobs(memory_driver(), jobs=ALL) as jobs:
@@ -231,6 +243,93 @@ class TestPages:
                     assert "<script>alert" not in html, path
                     for what in shown[path]:
                         assert f"&lt;script&gt;alert(&#34;{what}&#34;)" in html, (path, what)
+
+
+def section(html: str, heading: str) -> str:
+    """The part of a page from ``<h2>heading`` to the next ``<h2>``."""
+    start = html.index(f"<h2>{heading}")
+    end = html.find("<h2>", start + 4)
+    return html[start : end if end >= 0 else len(html)]
+
+
+class TestJobHistory:
+    """The job page's attempt history and step times (issue 15)."""
+
+    async def test_each_attempt_shows_its_times_outcome_code_and_first_line(
+        self, autojump_clock: Any
+    ) -> None:
+        @job(input=Item, idempotency_key=lambda i: i.key, retry=Retry(attempts=3, base=1))
+        async def flaky(ctx: JobContext[Item]) -> str:
+            if ctx.attempt == 1:
+                raise JobsError("X_UPSTREAM", "the API answered 502\nbody: <html>secret</html>")
+            if ctx.attempt == 2:
+                raise RuntimeError("timed out")
+            return "ok"
+
+        async with open_jobs(memory_driver(), jobs=[flaky]) as jobs:
+            enq = await flaky.enqueue(Item("f"))
+            async with running_worker(jobs):
+                view = await wait_state(jobs, enq.id, "done")
+            html = (await AsgiClient(create_app(jobs)).get(f"/{enq.id}")).text
+        attempts = section(html, "Attempts")
+        assert [a.outcome for a in view.attempt_log] == ["retried", "retried", "done"]
+        outcomes = re.findall(r'class="badge s-([a-z-]+)"', attempts)
+        assert outcomes == ["retried", "retried", "done"]
+        assert "<b>X_UPSTREAM</b>" in attempts
+        assert "the API answered 502" in attempts
+        assert "secret" not in attempts  # the first line only
+        assert "RuntimeError: timed out" in attempts
+        assert attempts.count("<time datetime=") == 6  # a start and an end each
+
+    async def test_a_sensitive_jobs_attempts_show_codes_not_messages(self, site: Site) -> None:
+        html = (await site.client.get(f"/{site.world.charge}")).text
+        attempts = section(html, "Attempts")
+        assert "<b>X_CARD_DECLINED</b>" in attempts
+        assert "the issuer declined" not in attempts
+        assert "[redacted]" in attempts
+
+    async def test_each_step_shows_its_start_end_and_duration(self, autojump_clock: Any) -> None:
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def timed(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("fetch", partial(trio.sleep, 3))
+            await ctx.step.run("store", partial(trio.sleep, 0.25))
+
+        async with open_jobs(memory_driver(), jobs=[timed]) as jobs:
+            enq = await timed.enqueue(Item("t"))
+            await Worker(jobs).run_until_quiet()
+            html = (await AsgiClient(create_app(jobs)).get(f"/{enq.id}")).text
+        steps = section(html, "Steps")
+        fetch, store = steps.split("<b>store</b>")
+        assert "took 3.0 s" in fetch
+        assert "took 250 ms" in store
+        assert fetch.count("<time datetime=") == 2
+
+    async def test_a_running_job_shows_the_step_in_progress(self, autojump_clock: Any) -> None:
+        release = trio.Event()
+
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def upload(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("prepare", lambda: 1)
+            await ctx.step.run("upload", release.wait)
+
+        async with open_jobs(memory_driver(), jobs=[upload]) as jobs:
+            enq = await upload.enqueue(Item("u"))
+            client = AsgiClient(create_app(jobs))
+            worker = Worker(jobs, heartbeat_interval=1.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await trio.sleep(5)  # a few heartbeats
+                html = (await client.get(f"/{enq.id}")).text
+                release.set()
+                await trio.sleep(1)
+                await worker.drain()
+        attempts, steps = section(html, "Attempts"), section(html, "Steps")
+        assert 's-running">running</span>' in attempts
+        assert "in step <b>upload</b>" in attempts
+        assert "so far" in attempts
+        assert "<b>upload</b>" in steps
+        assert "in progress for" in steps
+        assert steps.index("<b>prepare</b>") < steps.index("<b>upload</b>")
 
 
 class TestList:

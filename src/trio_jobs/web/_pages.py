@@ -17,6 +17,7 @@ from starlette.responses import Response
 from ..drivers._protocol import (
     ALL_STATES,
     LIVE_STATES,
+    MAX_ATTEMPT_LOG,
     MAX_BULK_ROWS,
     MAX_JOB_PAGE,
     TERMINAL_STATES,
@@ -256,6 +257,18 @@ async def job_page(d: Dashboard, ctx: Req) -> Response:
         if (s.status == "started" and view.state in TERMINAL_STATES)
         or (unknown_outcome and s.status == "failed")
     }
+    # The claim running now, and the step its last heartbeat named when no
+    # record shows it (a step.run records only when it ends; a failed step is
+    # running again; a completed one was a beat behind).
+    live = view.attempt_log[-1] if view.attempt_log else None
+    if view.state != "running" or live is None or live.ended_at is not None:
+        live = None
+    current = None
+    if live is not None and live.step is not None:
+        recorded = {s.name: s for s in view.steps}
+        known = recorded.get(live.step)
+        if known is None or known.status == "failed":
+            current = {"name": live.step, "since": live.step_started_at}
     return d.render(
         ctx,
         "job.html",
@@ -266,6 +279,9 @@ async def job_page(d: Dashboard, ctx: Req) -> Response:
         unknown=d.unknown(view),
         share=share,
         unresolved=unresolved,
+        live_attempt=live,
+        current_step=current,
+        max_attempt_log=MAX_ATTEMPT_LOG,
         terminal_states=TERMINAL_STATES,
         live_states=LIVE_STATES,
     )

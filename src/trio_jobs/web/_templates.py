@@ -116,6 +116,13 @@ def _first_line(text: str | None, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def _strip_code(message: str, code: str | None) -> str:
+    """An error line without the ``X_CODE: `` it starts with (shown beside it)."""
+    if code and message.startswith(f"{code}: "):
+        return message[len(code) + 2 :]
+    return message
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
@@ -136,6 +143,7 @@ def _environment() -> jinja2.Environment:
         json_text=json_text,
         first_line=_first_line,
         plural=_plural,
+        strip_code=_strip_code,
     )
     env.globals.update(
         href=href,
