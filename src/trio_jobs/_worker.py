@@ -705,7 +705,8 @@ class Worker:
                 held.state.progress_dirty = False
                 held.state.progress_written_at = now
                 carried.append(held.state)
-            requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
+            step = held.state.step_now if held.state is not None else None
+            requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress, step))
         statuses: list[str] | None = None
         cause, failed_code = "timeout", str(ErrorCode.X_DRIVER_UNAVAILABLE)
         # Bounded by the heartbeat interval and by the first lease window to close.

@@ -53,7 +53,7 @@ main()
 """
 
 #: What the dashboard imports: the `web` extra's top-level modules.
-WEB_MODULES = ["hypercorn", "prometheus_client", "starlette"]
+WEB_MODULES = ["hypercorn", "jinja2", "prometheus_client", "starlette"]
 
 
 def readme_first_command() -> str:
@@ -157,7 +157,7 @@ def test_the_readme_first_command_installs_the_web_extra() -> None:
     command = readme_first_command()
     assert command.endswith(".venv/bin/trio-jobs dev"), command
     installed = distributions_installed_by(extras_installed_by(command))
-    assert {"starlette", "hypercorn", "prometheus-client"} <= installed
+    assert {"starlette", "hypercorn", "prometheus-client", "jinja2"} <= installed
 
 
 def test_the_blocker_stands_for_a_missing_package() -> None:

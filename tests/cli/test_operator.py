@@ -277,6 +277,11 @@ def test_show_gives_every_jobview_field_and_redacts_a_sensitive_job(world: World
     assert [s["output"] for s in hidden["steps"]] == ["[redacted]"]
     assert hidden["error_code"] == "X_CARD_DECLINED"  # the reason stays visible
     assert "declined" in hidden["last_error"]
+    # the attempt log: each claim's outcome and code; a sensitive job's lines hidden
+    assert [
+        (a["attempt"], a["outcome"], a["error_code"], a["error"]) for a in hidden["attempt_log"]
+    ] == [(1, "dead", "X_CARD_DECLINED", "[redacted]")]
+    assert [(a["attempt"], a["outcome"]) for a in view["attempt_log"]] == [(1, "done")]
 
     text = human_secret.stdout
     assert human_secret.code == 0

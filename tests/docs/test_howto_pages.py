@@ -66,12 +66,23 @@ async def test_the_mounted_dashboard_answers_operators_only() -> None:
                         "wrong": http.get(
                             "/admin/jobs/", headers={"authorization": "Bearer nope"}
                         ).status_code,
+                        # a name not in allowed_hosts: refused before the hook is asked
+                        "rebound": http.get(
+                            "/admin/jobs/", headers={**ops, "host": "evil.example"}
+                        ).status_code,
                     }
 
             got = await trio.to_thread.run_sync(visit)
             nursery.cancel_scope.cancel()
     # the hook alone decides: even a loopback request without the token is refused
-    assert got == {"home": 200, "anonymous": 403, "operator": 200, "metrics": 200, "wrong": 403}
+    assert got == {
+        "home": 200,
+        "anonymous": 403,
+        "operator": 200,
+        "metrics": 200,
+        "wrong": 403,
+        "rebound": 400,
+    }
 
 
 # ---------------------------------------------------------------------- metrics

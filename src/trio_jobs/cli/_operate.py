@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import attrs
 import click
 import orjson
 
@@ -96,6 +97,7 @@ VIEW_FIELDS: tuple[str, ...] = (
     "updated_at",
     "worker_id",
     "sensitive",
+    "attempt_log",
     # derived
     "next_retry",
     "redacted",
@@ -158,6 +160,15 @@ def view_json(view: JobView) -> dict[str, Any]:
         "updated_at": view.updated_at,
         "worker_id": view.worker_id,
         "sensitive": view.sensitive,
+        # each claim: its times, outcome, code and first line (a sensitive job's
+        # line is redacted, as on the dashboard)
+        "attempt_log": [
+            {
+                **attrs.asdict(a),
+                "error": REDACTED if hide and a.error is not None else a.error,
+            }
+            for a in view.attempt_log
+        ],
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
     }

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AckOptions",
     "BulkAction",
+    "AttemptOutcome",
+    "AttemptRecord",
     "BulkFilter",
     "BulkPreview",
     "BulkResult",
@@ -68,7 +70,14 @@ __all__ = [
     "MAX_JOB_PAGE",
     "MAX_PREVIEW_SAMPLE",
     "MIN_ID_PREFIX",
+    "MAX_ATTEMPT_ERROR",
+    "MAX_ATTEMPT_LOG",
+    "LAPSED_LINE",
+    "CANCELLED_LINE",
     "UNWIND_MARGIN",
+    "StepMark",
+    "first_line",
+    "nack_outcome",
 ]
 
 JobState = Literal[
@@ -108,6 +117,10 @@ UNWIND_MARGIN = 2
 MIN_ID_PREFIX = 8
 #: The most rows a bulk preview (:meth:`JobIntrospection.preview_many`) samples.
 MAX_PREVIEW_SAMPLE = 50
+#: The most entries a job's attempt log keeps: the newest; older ones drop off.
+MAX_ATTEMPT_LOG = 20
+#: The most characters of an error's first line an attempt log entry keeps.
+MAX_ATTEMPT_ERROR = 200
 
 
 # --------------------------------------------------------------------------- enqueue
@@ -301,12 +314,87 @@ class HeartbeatStatus:
 
 
 @attrs.frozen
+class StepMark:
+    """The step a run is in, and since when (the driver's clock): what the
+    attempt log shows as the step in progress."""
+
+    name: str
+    started_at: float
+
+
+@attrs.frozen
 class HeartbeatRequest:
-    """Renew one held row's lease (and write its progress, when given)."""
+    """Renew one held row's lease (and write its progress, when given).
+
+    ``step``: the step the run is in now (``None``: between steps), written to
+    the attempt log's current entry in the same statement."""
 
     job_id: str
     fence: Fence
     progress: Progress | None = None
+    step: StepMark | None = None
+
+
+# --------------------------------------------------------------------------- attempts
+
+#: How an attempt ended: settled ``done``, ``retried`` (a counted hand-back),
+#: ``handed-back`` (uncounted), ``suspended``, buried ``dead``/``failed``, its
+#: lease ``lapsed``, or ``cancelled`` by an operator while it ran.
+AttemptOutcome = Literal[
+    "done", "retried", "handed-back", "suspended", "dead", "failed", "lapsed", "cancelled"
+]
+
+#: The error an attempt log entry records when a lease lapsed under its claim.
+LAPSED_LINE = "the lease lapsed: the worker holding it died or stopped renewing it"
+#: The error an attempt log entry records when an operator cancelled the job
+#: while the claim ran (with ``X_ABORTED``).
+CANCELLED_LINE = "cancelled by an operator while it ran"
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One claim of a job, as its attempt log keeps it (the newest
+    :data:`MAX_ATTEMPT_LOG`, oldest first).
+
+    The driver writes it inside the statements it already runs: the claim
+    opens the entry (``attempt``, ``worker_id``, ``started_at``); the settle,
+    the reap of a lapsed lease, a hand-back of an orphan or an operator's
+    cancel closes it (``ended_at``, ``outcome``, and the error's code and the
+    first line of its message, at most :data:`MAX_ATTEMPT_ERROR` characters);
+    a heartbeat writes the step in progress (``step``, ``step_started_at``).
+    ``outcome`` is ``None`` while the claim holds. ``attempt`` is the counted
+    attempt the claim took: an uncounted hand-back (``handed-back``,
+    ``suspended``) is followed by an entry with the same number."""
+
+    attempt: int
+    worker_id: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+    error: str | None = None
+    step: str | None = None
+    step_started_at: float | None = None
+
+
+def first_line(message: str | None) -> str | None:
+    """The first line of an error message, cut at :data:`MAX_ATTEMPT_ERROR`
+    characters (an attempt log entry keeps no more)."""
+    if not message:
+        return None
+    line = message.split("\n", 1)[0].rstrip()
+    if len(line) > MAX_ATTEMPT_ERROR:
+        line = line[: MAX_ATTEMPT_ERROR - 1] + "…"
+    return line or None
+
+
+def nack_outcome(options: NackOptions) -> str:
+    """What a hand-back ends its attempt as: ``dead``/``failed`` for good,
+    ``suspended``, ``retried`` (counted) or ``handed-back`` (uncounted: a drain,
+    a sleep, a busy key, an outage)."""
+    if options.state in ("dead", "failed", "suspended"):
+        return options.state
+    return "retried" if options.counted else "handed-back"
 
 
 # --------------------------------------------------------------------------- steps
@@ -330,6 +418,11 @@ class StepRecord:
     event: str | None = None
     since: float | None = None
     deadline: float | None = None
+    #: When the step began (its first execution on this claim, a sleep or a
+    #: wait when it was recorded) and when it ended (completed or failed), on
+    #: the driver's clock as the worker reads it; ``None`` when not recorded.
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 class StepStore(Protocol):
@@ -438,6 +531,15 @@ class StepView:
     executions: int
     output: Any = None
     error: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to end, when both are recorded."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.started_at)
 
 
 @attrs.frozen
@@ -469,6 +571,9 @@ class JobView:
     #: ``None`` when the row does not say (enqueued before the flag was stored):
     #: a reader without the job's handle then treats it as sensitive.
     sensitive: bool | None = None
+    #: The newest claims of the job, oldest first (``show`` fills it; a list
+    #: row leaves it empty): see :class:`AttemptRecord`.
+    attempt_log: Sequence[AttemptRecord] = ()
 
 
 @attrs.frozen
@@ -587,6 +692,10 @@ class CounterRow:
     failed: int = 0
     dead: int = 0
     duration: float = 0.0
+    #: The queue the job settled in (the last one, should a job name have moved
+    #: between queues within the bucket); ``None`` for a row written before
+    #: counters carried it.
+    queue: str | None = None
 
 
 class JobIntrospection(Protocol):
@@ -736,6 +845,13 @@ class JobDriver(Protocol):
         ...
 
     async def stats(self) -> list[QueueStats]: ...
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        """The job's attempt log, oldest first (at most :data:`MAX_ATTEMPT_LOG`
+        entries; empty for an id no row has). The claims, settles, reaps and
+        heartbeats write it in their own statements: reading it is the only
+        call it costs."""
+        ...
 
 
 class DriverTransaction(Protocol):

@@ -22,6 +22,7 @@ Needs pytest-trio with ``trio_mode = true``.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,10 @@ import pytest
 import trio
 
 from ..drivers._protocol import (
+    CANCELLED_LINE,
+    LAPSED_LINE,
+    MAX_ATTEMPT_ERROR,
+    MAX_ATTEMPT_LOG,
     MAX_BULK_ROWS,
     AckOptions,
     BulkFilter,
@@ -44,6 +49,7 @@ from ..drivers._protocol import (
     ListFilter,
     NackOptions,
     Progress,
+    StepMark,
     StepRecord,
     WorkerInfo,
 )
@@ -527,7 +533,164 @@ class DriverConformance:
             view = await intro.show(again[1].id)
             assert view.attempts == 1
 
+    # ------------------------------------------------------------------ the attempt log
+
+    async def test_the_attempt_log_records_each_claim_and_how_it_ended(
+        self, target: Target
+    ) -> None:
+        """The claim opens an entry, a heartbeat writes the step in progress, the
+        settle closes it with the outcome and the error's code and first line."""
+        d = target.driver
+        await d.enqueue_many([request(key="log", max_attempts=3)])
+        t0 = d.now()
+        job = await _one(d, "w1")
+        [entry] = await d.attempt_log(job.id)
+        assert (entry.attempt, entry.worker_id, entry.outcome, entry.ended_at) == (
+            1,
+            "w1",
+            None,
+            None,
+        )
+        assert entry.started_at == pytest.approx(t0, abs=1e-3)
+        await target.advance(2.0)
+        mark = StepMark("charge", d.now())
+        beat = HeartbeatRequest(job.id, job.fence, step=mark)
+        assert await d.heartbeat([beat], VT) == [HeartbeatStatus.OK]
+        [entry] = await d.attempt_log(job.id)
+        assert entry.step == "charge"
+        assert entry.step_started_at == pytest.approx(mark.started_at, abs=1e-3)
+        await target.advance(1.0)
+        message = "X_BOOM: the card was declined\nTraceback (most recent call last):\n  ..."
+        assert await d.nack(
+            job.id,
+            NackOptions(
+                fence=job.fence,
+                state="ready",
+                counted=True,
+                error_code="X_BOOM",
+                last_error=message,
+            ),
+        )
+        [entry] = await d.attempt_log(job.id)
+        assert (entry.outcome, entry.error_code, entry.error) == (
+            "retried",
+            "X_BOOM",
+            "X_BOOM: the card was declined",
+        )
+        assert entry.ended_at == pytest.approx(t0 + 3.0, abs=1e-3)
+        # An uncounted hand-back (a drain), the same attempt again, then done.
+        second = await _one(d, "w2")
+        assert await d.heartbeat([HeartbeatRequest(second.id, second.fence)], VT) == ["ok"]
+        assert await d.nack(
+            second.id, NackOptions(fence=second.fence, state="ready", counted=False)
+        )
+        third = await _one(d, "w3")
+        await target.advance(1.0)
+        assert await d.ack(third.id, AckOptions(fence=third.fence))
+        log = await d.attempt_log(job.id)
+        assert [(e.attempt, e.worker_id, e.outcome, e.error_code) for e in log] == [
+            (1, "w1", "retried", "X_BOOM"),
+            (2, "w2", "handed-back", None),
+            (2, "w3", "done", None),
+        ]
+        assert log[1].step is None  # its heartbeat said: between steps
+        for earlier, later in itertools.pairwise(log):
+            assert earlier.ended_at is not None
+            assert earlier.started_at <= earlier.ended_at <= later.started_at
+        assert await d.attempt_log(str(uuid.uuid4())) == []
+        intro = d.introspect
+        if intro is not None:
+            assert list((await intro.show(job.id)).attempt_log) == log
+
+    async def test_the_attempt_log_records_lapses_and_orphans_and_keeps_the_newest(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="long", max_attempts=50)])
+        first = await _one(d, "w1")
+        await target.advance(VT + 1)
+        second = await _one(d, "w2")  # the reap closes the lapsed claim's entry
+        lapsed, current = await d.attempt_log(first.id)
+        assert (lapsed.outcome, lapsed.error_code, lapsed.error) == (
+            "lapsed",
+            ErrorCode.X_JOB_LEASE_LOST,
+            LAPSED_LINE,
+        )
+        assert (current.attempt, current.worker_id, current.outcome) == (2, "w2", None)
+        assert await d.release_orphans("w2", frozenset()) == [second.id]
+        orphaned = (await d.attempt_log(first.id))[-1]
+        assert (orphaned.outcome, orphaned.error_code) == ("handed-back", "X_DRIVER_UNAVAILABLE")
+        assert orphaned.error is not None
+        assert len(orphaned.error) <= MAX_ATTEMPT_ERROR
+        for n in range(MAX_ATTEMPT_LOG + 3):
+            job = await _one(d, f"w{n}")
+            assert await d.nack(job.id, NackOptions(fence=job.fence, state="ready", counted=False))
+        log = await d.attempt_log(first.id)
+        assert len(log) == MAX_ATTEMPT_LOG
+        assert log[-1].worker_id == f"w{MAX_ATTEMPT_LOG + 2}"
+        assert log[0].worker_id == "w3"  # the oldest went first
+        # A lapse on the final attempt: buried by the claim, its entry closed.
+        await d.enqueue_many([request(key="last", max_attempts=1, queue="q.last")])
+        last = await _one(d, "w1", "q.last")
+        await target.advance(VT + 1)
+        got = await d.claim(_claim("w9", queue="q.last"))
+        assert [x.id for x in got.exhausted] == [last.id]
+        [entry] = await d.attempt_log(last.id)
+        assert (entry.outcome, entry.error_code) == ("lapsed", ErrorCode.X_JOB_LEASE_LOST)
+
+    async def test_a_cancel_of_a_running_job_closes_its_attempt(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        await d.enqueue_many([request(key="c"), request(key="w", delay=60)])
+        job = await _one(d)
+        await intro.cancel(job.id, reason="customer left")
+        [entry] = (await intro.show(job.id)).attempt_log
+        assert (entry.outcome, entry.error_code, entry.error) == (
+            "cancelled",
+            ErrorCode.X_ABORTED,
+            CANCELLED_LINE,
+        )
+        assert not await d.ack(job.id, AckOptions(fence=job.fence))
+        assert list((await intro.show(job.id)).attempt_log) == [entry]
+        waiting = (await intro.list(ListFilter(state="delayed"))).rows[0]
+        await intro.cancel(waiting.id)
+        assert (await intro.show(waiting.id)).attempt_log == ()  # never claimed
+
+    async def test_counters_say_which_queue_their_job_settled_in(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        start = d.now() - 1
+        await d.enqueue_many([request("cq", key="a", queue="qa"), request("cq.b", key="b")])
+        a = await _one(d, queue="qa")
+        b = await _one(d)
+        await d.ack(a.id, AckOptions(fence=a.fence))
+        await d.nack(b.id, NackOptions(fence=b.fence, state="dead"))
+        queues = {r.name: r.queue for r in await intro.counters(None, start)}
+        assert queues == {"cq": "qa", "cq.b": "default"}
+
     # ------------------------------------------------------------------ steps
+
+    async def test_a_step_record_keeps_when_it_started_and_ended(self, target: Target) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="times")])
+        job = await _one(d)
+        t = d.now()
+        started = StepRecord("pay", "started", 1, 1, started_at=t)
+        assert await d.steps.put(job.id, job.fence, started)
+        assert await d.steps.load(job.id) == [started]
+        done = StepRecord(
+            "pay", "completed", 1, 1, output={"ok": True}, started_at=t, ended_at=t + 2.5
+        )
+        assert await d.steps.put(job.id, job.fence, done)
+        assert await d.steps.load(job.id) == [done]
+        assert await d.nack(job.id, NackOptions(fence=job.fence, state="ready", counted=False))
+        again = await _one(d)
+        if again.steps is not None:
+            assert list(again.steps) == [done]
+        intro = d.introspect
+        if intro is not None:
+            [view] = (await intro.show(job.id)).steps
+            assert (view.started_at, view.ended_at, view.duration) == (t, t + 2.5, 2.5)
 
     async def test_steps_are_fenced_ordered_and_replaced_in_place(self, target: Target) -> None:
         d = target.driver

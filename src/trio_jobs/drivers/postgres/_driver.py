@@ -32,11 +32,14 @@ from ..._time import Clock, SystemClock
 from ...errors import ErrorCode, JobsError
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
+    CANCELLED_LINE,
     ENQUEUE_CHUNK,
+    LAPSED_LINE,
     LIVE_STATES,
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
     AckOptions,
+    AttemptRecord,
     BulkAction,
     BulkFilter,
     BulkPreview,
@@ -62,6 +65,8 @@ from .._protocol import (
     StepRecord,
     StepView,
     WorkerInfo,
+    first_line,
+    nack_outcome,
 )
 from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
@@ -136,6 +141,31 @@ def _progress(value: Any) -> Progress | None:
     if not isinstance(value, Mapping):
         return None
     return Progress(float(value["done"]), float(value["total"]), value.get("note"))
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def attempt_records(value: Any) -> list[AttemptRecord]:
+    """An attempt log as stored (a JSON array of objects, or NULL) → records."""
+    if not isinstance(value, Sequence):
+        return []
+    return [
+        AttemptRecord(
+            attempt=int(e["attempt"]),
+            worker_id=str(e["worker_id"]),
+            started_at=float(e["started_at"]),
+            ended_at=_float_or_none(e.get("ended_at")),
+            outcome=e.get("outcome"),
+            error_code=e.get("error_code"),
+            error=e.get("error"),
+            step=e.get("step"),
+            step_started_at=_float_or_none(e.get("step_started_at")),
+        )
+        for e in value
+        if isinstance(e, Mapping)
+    ]
 
 
 def conninfo_with_schema(dsn: str, schema: str | None) -> str:
@@ -529,6 +559,7 @@ class PostgresDriver:
                 "visibility": float(options.visibility_timeout),
                 "drop_names": sorted(options.drop_names),
                 "lapse_message": _LAPSE_MESSAGE,
+                "lapsed_line": LAPSED_LINE,
                 "registry_ttl": self._registry.ttl(options.worker_id),
             },
         )
@@ -664,6 +695,9 @@ class PostgresDriver:
                 "duration": options.duration,
                 "channel": self.channel,
                 "quiet": self._quiet_queues(),
+                "outcome": nack_outcome(options),
+                "attempt_code": options.error_code,
+                "attempt_error": first_line(options.last_error),
             },
         )
         if not rows or not rows[0][0]:
@@ -679,7 +713,12 @@ class PostgresDriver:
     async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
         rows = await self._fetch(
             "release_orphans",
-            {"worker_id": worker_id, "held": sorted(held), "message": ORPHAN_MESSAGE},
+            {
+                "worker_id": worker_id,
+                "held": sorted(held),
+                "message": ORPHAN_MESSAGE,
+                "line": first_line(ORPHAN_MESSAGE),
+            },
         )
         if rows:
             self._fire(sorted({str(r[1]) for r in rows}))
@@ -698,6 +737,8 @@ class PostgresDriver:
                 "worker_ids": [r.fence.worker_id for r in requests],
                 "claims": [r.fence.claim for r in requests],
                 "progress": [_progress_json(r.progress) for r in requests],
+                "steps": [r.step.name if r.step is not None else None for r in requests],
+                "step_since": [r.step.started_at if r.step is not None else None for r in requests],
                 "visibility": float(visibility_timeout),
             },
         )
@@ -705,6 +746,14 @@ class PostgresDriver:
         for ordinal, status in rows:
             statuses[int(ordinal) - 1] = str(status)
         return statuses
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self.db  # noqa: B018 — a closed driver refuses even a malformed id
+            return []
+        rows = await self._fetch("attempt_log", {"id": key})
+        return attempt_records(rows[0][0]) if rows else []
 
     async def stats(self) -> list[QueueStats]:
         rows = await self._fetch("stats", {})
@@ -771,6 +820,8 @@ def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
                 event=r.event,
                 since=r.since,
                 deadline=r.deadline,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
             )
             for i, (job_id, fence, r) in enumerate(batch, start=1)
         ]
@@ -900,6 +951,8 @@ def _step_record(r: Sequence[Any]) -> StepRecord:
         event=r[8],
         since=r[9],
         deadline=r[10],
+        started_at=r[11],
+        ended_at=r[12],
     )
 
 
@@ -1052,7 +1105,7 @@ class _PgIntrospection:
         self._d = driver
 
     @staticmethod
-    def _view(r: Row, steps: Sequence[StepView] = ()) -> JobView:
+    def _view(r: Row, steps: Sequence[StepView] = (), log: Sequence[AttemptRecord] = ()) -> JobView:
         return JobView(
             id=str(r[0]),
             run_id=str(r[1]),
@@ -1076,18 +1129,22 @@ class _PgIntrospection:
             updated_at=float(r[18]) if r[18] is not None else None,
             worker_id=r[19],
             sensitive=r[20],
+            attempt_log=tuple(log),
         )
 
     @staticmethod
     def _step_views(rows: Sequence[Row]) -> Sequence[StepView]:
-        return [StepView(r[0], r[1], int(r[2]), r[3], r[4]) for r in rows]
+        return [
+            StepView(r[0], r[1], int(r[2]), r[3], r[4], started_at=r[5], ended_at=r[6])
+            for r in rows
+        ]
 
     async def _show_in(self, run: _Run, job_id: str) -> JobView:
         rows = await run("show", {"id": job_id})
         if not rows:
             raise _not_found()
         steps = await run("show_steps", {"id": job_id})
-        return self._view(rows[0], self._step_views(steps))
+        return self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_Run]:
@@ -1212,7 +1269,10 @@ class _PgIntrospection:
                     ErrorCode.X_JOB_NOT_CANCELLABLE,
                     f"the job already ended {row[4]}; only a live job can be cancelled",
                 )
-            await run("cancel_row", {"id": key, "last_error": last_error})
+            await run(
+                "cancel_row",
+                {"id": key, "last_error": last_error, "line": CANCELLED_LINE},
+            )
             return await self._show_in(run, key)
 
     async def remove(self, job_id: str) -> None:
@@ -1394,7 +1454,16 @@ class _PgIntrospection:
     async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
         rows = await self._d._fetch("counters", {"name": name, "since": float(since)})
         return [
-            CounterRow(float(r[0]), r[1], int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]))
+            CounterRow(
+                float(r[0]),
+                r[1],
+                int(r[2]),
+                int(r[3]),
+                int(r[4]),
+                int(r[5]),
+                float(r[6]),
+                queue=r[7],
+            )
             for r in rows
         ]
 

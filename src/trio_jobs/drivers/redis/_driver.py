@@ -33,6 +33,7 @@ from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
     AckOptions,
+    AttemptRecord,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -48,6 +49,8 @@ from .._protocol import (
     Progress,
     QueueStats,
     StepRecord,
+    first_line,
+    nack_outcome,
 )
 from .._service import ServiceTasks
 from ._client import Scripts, connect, not_connected, translate
@@ -155,6 +158,8 @@ def _step_body(record: StepRecord) -> str:
             "event": record.event,
             "since": record.since,
             "deadline": record.deadline,
+            "started_at": record.started_at,
+            "ended_at": record.ended_at,
         }
     )
 
@@ -177,10 +182,40 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
                 event=data.get("event"),
                 since=data.get("since"),
                 deadline=data.get("deadline"),
+                started_at=data.get("started_at"),
+                ended_at=data.get("ended_at"),
             )
         )
     records.sort(key=lambda r: r.seq)
     return records
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None or value == "" else float(value)
+
+
+def _attempts_from(raw: Any) -> list[AttemptRecord]:
+    """The row's ``al`` field (a JSON array; times as strings) → records."""
+    if not raw:
+        return []
+    data = loads(_s(raw))
+    if not isinstance(data, list):  # cjson writes an empty table as {}
+        return []
+    return [
+        AttemptRecord(
+            attempt=int(e["attempt"]),
+            worker_id=str(e["worker_id"]),
+            started_at=float(e["started_at"]),
+            ended_at=_float_or_none(e.get("ended_at")),
+            outcome=e.get("outcome"),
+            error_code=e.get("error_code"),
+            error=e.get("error"),
+            step=e.get("step"),
+            step_started_at=_float_or_none(e.get("step_started_at")),
+        )
+        for e in data
+        if isinstance(e, dict)
+    ]
 
 
 def unavailable(what: str) -> DriverError:
@@ -604,6 +639,9 @@ class RedisDriver:
                 _num(options.duration),
                 again,
                 _opt(options.busy_key if options.state == "ready" else None),
+                nack_outcome(options),
+                options.error_code or "",
+                first_line(options.last_error) or "",
             ],
         )
         if not int(landed[0]):
@@ -614,7 +652,13 @@ class RedisDriver:
 
     async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
         reply = await self._script(
-            "release_orphans", [worker_id, ORPHAN_MESSAGE, *(str(c) for c in sorted(held))]
+            "release_orphans",
+            [
+                worker_id,
+                ORPHAN_MESSAGE,
+                first_line(ORPHAN_MESSAGE) or "",
+                *(str(c) for c in sorted(held)),
+            ],
         )
         return [_s(x) for x in reply]
 
@@ -627,10 +671,21 @@ class RedisDriver:
         args = [repr(float(visibility_timeout)), str(len(requests))]
         for r in requests:
             args.extend(
-                [r.job_id, r.fence.worker_id, str(int(r.fence.claim)), _progress_opt(r.progress)]
+                [
+                    r.job_id,
+                    r.fence.worker_id,
+                    str(int(r.fence.claim)),
+                    _progress_opt(r.progress),
+                    r.step.name if r.step is not None else "",
+                    repr(float(r.step.started_at)) if r.step is not None else "",
+                ]
             )
         reply = await self._script("heartbeat", args)
         return [_s(x) for x in reply]
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        raw = await self._call(self.client.hget(f"{self.prefix}:job:{job_id}", "al"), "HGET")
+        return _attempts_from(raw)
 
     async def stats(self) -> list[QueueStats]:
         reply = await self._script("stats", [])
@@ -670,16 +725,23 @@ class RedisDriver:
         31 days), moved by the settling scripts themselves."""
         reply = await self._script("counters", [name or "", _score(since)])
         merged: dict[tuple[float, str], list[float]] = {}
+        queues: dict[tuple[float, str], str] = {}
         for bucket, flat in reply:
             for field, value in _pairs(flat).items():
                 job, _, what = field.rpartition("\n")
                 if name is not None and job != name:
                     continue
-                cell = merged.setdefault((float(_s(bucket)), job), [0, 0, 0, 0, 0.0])
+                key = (float(_s(bucket)), job)
+                cell = merged.setdefault(key, [0, 0, 0, 0, 0.0])
+                if what == "queue":
+                    queues[key] = value
+                    continue
                 index = ("done", "retried", "failed", "dead", "duration").index(what)
                 cell[index] += float(value)
         return [
-            CounterRow(b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4])
+            CounterRow(
+                b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4], queue=queues.get((b, n))
+            )
             for (b, n), c in sorted(merged.items())
         ]
 

@@ -9,8 +9,11 @@
 -- name: show
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id, sensitive
+    priority, updated_at, worker_id, sensitive, attempt_log
 FROM trio_jobs_jobs WHERE id = %(id)s;
+
+-- name: attempt_log
+SELECT attempt_log FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: show_for_update
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -19,7 +22,7 @@ SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempo
 FROM trio_jobs_jobs WHERE id = %(id)s FOR UPDATE;
 
 -- name: show_steps
-SELECT name, status, executions, output, error FROM trio_jobs_steps
+SELECT name, status, executions, output, error, started_at, ended_at FROM trio_jobs_steps
 WHERE job_id = %(id)s ORDER BY seq;
 
 -- name: resolve_prefix
@@ -101,7 +104,10 @@ RETURNING queue;
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 hit AS (
     UPDATE trio_jobs_jobs j SET state = 'cancelled', worker_id = NULL, claim = NULL,
-        error_code = 'X_ABORTED', last_error = %(last_error)s, updated_at = n.now
+        error_code = 'X_ABORTED', last_error = %(last_error)s, updated_at = n.now,
+        -- a running attempt ends here (its worker's settle will find the fence gone)
+        attempt_log = CASE WHEN j.state = 'running' THEN trio_jobs_attempt_end(j.attempt_log,
+            n.now, 'cancelled', 'X_ABORTED', %(line)s) ELSE j.attempt_log END
     FROM n
     WHERE j.id = %(id)s AND j.state IN ('ready', 'delayed', 'running', 'suspended')
     RETURNING j.id
@@ -353,7 +359,7 @@ SELECT
     CASE WHEN age <= 86400 THEN floor(bucket / 60) * 60
          WHEN age <= 7 * 86400 THEN floor(bucket / 300) * 300
          ELSE floor(bucket / 3600) * 3600 END AS tier_bucket,
-    name, sum(done), sum(retried), sum(failed), sum(dead), sum(duration)
+    name, sum(done), sum(retried), sum(failed), sum(dead), sum(duration), max(queue)
 FROM aged
 GROUP BY 1, 2
 ORDER BY 1, 2;

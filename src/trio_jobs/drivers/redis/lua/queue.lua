@@ -30,7 +30,8 @@
 --   P:waiting:<event>        suspended rows waiting for an event
 --   P:events:<event>         score = published_at, member = '<event id>\n<payload>'
 --   P:paused                 paused queues
---   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n)
+--   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n, and
+--                            '<name>\nqueue' -> the queue its job settled in)
 --   P:lease:<key>:<slot>     a held concurrency slot: 'job\nworker\nclaim\nexpires'
 --   P:lslots:<key>, P:jl:<id>  the slots of one lease key / held by one job
 --   P:busy:<key>             runs waiting on a busy lease key: score = priority,
@@ -84,6 +85,23 @@ end
 local function need_opt(v, name)
   if v == nil or (v ~= '' and string.sub(v, 1, 1) ~= '=') then
     return name .. ' must be empty or =<value>'
+  end
+  return nil
+end
+
+-- A plain string that may be empty (present, not '='-encoded).
+local function need_str(v, name)
+  if v == nil then return name .. ' is missing' end
+  return nil
+end
+
+-- A plain instant, or '' for none.
+local function need_instant_or_empty(v, name)
+  if v == nil then return name .. ' is missing' end
+  if v == '' then return nil end
+  local x = finite(v)
+  if x == nil or x < 0 or x > MAX_EPOCH then
+    return name .. ' must be an instant from 1970 to 9999 (epoch seconds)'
   end
   return nil
 end
@@ -254,10 +272,11 @@ local function release_leases(id)
   redis.call('DEL', jl)
 end
 
-local function bump(name, field, duration)
+local function bump(name, field, duration, q)
   local bucket = math.floor(NOW / 60) * 60
   local ck = P .. ':cnt:' .. string.format('%d', bucket)
   redis.call('HINCRBY', ck, name .. '\n' .. field, 1)
+  redis.call('HSET', ck, name .. '\nqueue', q)
   if duration and duration ~= '' then
     redis.call('HINCRBYFLOAT', ck, name .. '\nduration', tonumber(duration))
   end
@@ -273,6 +292,52 @@ local function terminal(jk, id, q, old, st)
   redis.call('ZADD', P .. ':term:' .. q .. ':' .. st, NOW + ttl, id)
   redis.call('EXPIRE', jk, math.ceil(ttl))
   redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(ttl))
+end
+
+-- The attempt log: the row's field 'al', a JSON array of its newest MAX_LOG
+-- claims, oldest first (times as '%.6f' strings: cjson would round numbers).
+local MAX_LOG = 20
+local LAPSED = 'the lease lapsed: the worker holding it died or stopped renewing it'
+
+local function log_read(jk)
+  local raw = redis.call('HGET', jk, 'al')
+  if not raw then return {} end
+  return cjson.decode(raw)
+end
+
+-- Open an entry for a new claim, dropping the oldest past MAX_LOG.
+local function log_begin(jk, attempt, worker)
+  local log = log_read(jk)
+  while #log >= MAX_LOG do table.remove(log, 1) end
+  log[#log + 1] = {attempt = attempt, worker_id = worker, started_at = fmt(NOW)}
+  redis.call('HSET', jk, 'al', cjson.encode(log))
+end
+
+-- Close the open entry (none open: nothing to close). '' is no code / message.
+local function log_end(jk, outcome, code, message)
+  local log = log_read(jk)
+  local last = log[#log]
+  if not last or last.ended_at then return end
+  last.ended_at = fmt(NOW)
+  last.outcome = outcome
+  if code ~= '' then last.error_code = code end
+  if message ~= '' then last.error = message end
+  redis.call('HSET', jk, 'al', cjson.encode(log))
+end
+
+-- The step the open entry's run is in ('' : between steps).
+local function log_step(jk, step, since)
+  local log = log_read(jk)
+  local last = log[#log]
+  if not last or last.ended_at then return end
+  if step == '' then
+    last.step = nil
+    last.step_started_at = nil
+  else
+    last.step = step
+    last.step_started_at = since
+  end
+  redis.call('HSET', jk, 'al', cjson.encode(log))
 end
 
 -- The claim's holder, while its lease holds.
@@ -565,11 +630,13 @@ for _, id in ipairs(lapsed) do
       if drop[f[5]] then st = 'failed' end
       local msg = string.format(lapse_message, att, mx)
       redis.call('HSET', jk, 'ec', 'X_JOB_LEASE_LOST', 'em', msg)
+      log_end(jk, 'lapsed', 'X_JOB_LEASE_LOST', LAPSED)
       free_key(jk, id)
       terminal(jk, id, f[6], 'running', st)
-      bump(f[5], st, nil)
+      bump(f[5], st, nil, f[6])
       exhausted[#exhausted + 1] = {id, f[7], f[5], f[6], f[8], f[9] or false, st, 'X_JOB_LEASE_LOST', msg}
     else
+      log_end(jk, 'lapsed', 'X_JOB_LEASE_LOST', LAPSED)
       redis.call('HSET', jk, 'run', f[2], 'pr', 0, 'lp', 1)
       set_state(jk, f[6], 'running', 'ready')
       index(jk, id, f[6])
@@ -613,6 +680,7 @@ while i <= #ARGV do
           redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
             'upd', fmt(NOW), 'pr', 0, 'lp', 0)
           redis.call('HDEL', jk, 'rm', 'we', 'bk')
+          log_begin(jk, att, worker)
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           redis.call('ZADD', P .. ':running', le, id)
           local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
@@ -663,16 +731,18 @@ redis.call('HSET', jk, 'sc', claim)
 redis.call('HSET', jk, 'upd', fmt(NOW))
 if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
 if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+log_end(jk, 'done', '', '')
 free_key(jk, id)
 release_leases(id)
 terminal(jk, id, f[5], 'running', 'done')
-bump(f[6], 'done', opt(dur))
+bump(f[6], 'done', opt(dur), f[5])
 return 1
 
 -- name: nack
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
--- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none).
+-- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none);
+-- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none).
 local STATES = {ready = true, delayed = true, suspended = true, dead = true, failed = true}
 fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_whole(ARGV[A + 2], 'the claim'),
@@ -684,7 +754,9 @@ fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_opt(ARGV[A + 8], 'the error code'), need_opt(ARGV[A + 9], 'the error'),
   need_instant_opt(ARGV[A + 10], 'run_at'), need_duration_opt(ARGV[A + 11], 'delay'),
   need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
-  need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'))
+  need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
+  need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
+  need_str(ARGV[A + 18], 'the error line'))
 if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
@@ -713,11 +785,12 @@ if set_err == '1' then
   if ec ~= '' then redis.call('HSET', jk, 'ec', opt(ec)) else redis.call('HDEL', jk, 'ec') end
   if em ~= '' then redis.call('HSET', jk, 'em', opt(em)) else redis.call('HDEL', jk, 'em') end
 end
+log_end(jk, ARGV[A + 16], ARGV[A + 17], ARGV[A + 18])
 release_leases(id)
 if st == 'dead' or st == 'failed' then
   free_key(jk, id)
   terminal(jk, id, q, 'running', st)
-  bump(name, st, opt(dur))
+  bump(name, st, opt(dur), q)
   return {1, q, 0}
 end
 local run_at
@@ -744,7 +817,7 @@ else
   redis.call('HDEL', jk, 'we')
 end
 set_state(jk, q, 'running', st)
-if counted == '1' then bump(name, 'retried', opt(dur)) end
+if counted == '1' then bump(name, 'retried', opt(dur), q) end
 index(jk, id, q)
 if run_at <= NOW then
   redis.call('PUBLISH', P .. ':wake', q)
@@ -756,13 +829,15 @@ return {1, q, 0}
 -- Rows running under this worker with a live lease and a claim it does not hold
 -- (a claim whose reply never reached it took them): handed back uncounted, due
 -- now, their slots released. ARGV[A] the worker, ARGV[A + 1] the error message,
--- ARGV[A + 2 ...] the claims it holds. Answers their ids.
-fault = first(need(ARGV[A], 'worker_id'), need(ARGV[A + 1], 'the message'))
-for i = A + 2, #ARGV do fault = fault or need_whole(ARGV[i], 'a held claim') end
+-- ARGV[A + 2] its first line (for the attempt log), ARGV[A + 3 ...] the claims
+-- it holds. Answers their ids.
+fault = first(need(ARGV[A], 'worker_id'), need(ARGV[A + 1], 'the message'),
+  need_str(ARGV[A + 2], 'the first line'))
+for i = A + 3, #ARGV do fault = fault or need_whole(ARGV[i], 'a held claim') end
 if fault then return refuse('X_INVARIANT', fault) end
-local worker, msg = ARGV[A], ARGV[A + 1]
+local worker, msg, line = ARGV[A], ARGV[A + 1], ARGV[A + 2]
 local held = {}
-for i = A + 2, #ARGV do held[ARGV[i]] = true end
+for i = A + 3, #ARGV do held[ARGV[i]] = true end
 local out = {}
 local ids = redis.call('ZRANGEBYSCORE', P .. ':running', '(' .. fmt(NOW), '+inf')
 table.sort(ids)
@@ -776,6 +851,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', jk, 'upd', fmt(NOW), 'run', fmt(NOW))
     redis.call('HINCRBY', jk, 'att', -1)
     redis.call('HSET', jk, 'ec', 'X_DRIVER_UNAVAILABLE', 'em', msg)
+    log_end(jk, 'handed-back', 'X_DRIVER_UNAVAILABLE', line)
     release_leases(id)
     set_state(jk, q, 'running', 'ready')
     index(jk, id, q)
@@ -787,15 +863,17 @@ return out
 
 -- name: heartbeat
 -- Renew each held row's lease and its concurrency slots: 'ok', 'lost' (not
--- ours any more) or 'cancelled', one per request.
+-- ours any more) or 'cancelled', one per request. Each request also names the
+-- step its run is in ('' : none) and since when, for the attempt log.
 fault = first(need_positive(ARGV[A], 'visibility_timeout'), need_whole(ARGV[A + 1], 'the count', 0))
 if not fault then
   local m = tonumber(ARGV[A + 1])
-  if #ARGV ~= A + 1 + 4 * m then fault = 'the requests do not add up' end
+  if #ARGV ~= A + 1 + 6 * m then fault = 'the requests do not add up' end
   for r = 1, m do
-    local b = A + 2 + (r - 1) * 4
+    local b = A + 2 + (r - 1) * 6
     fault = fault or first(need(ARGV[b], 'job_id'), need(ARGV[b + 1], 'worker_id'),
-      need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the progress'))
+      need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the progress'),
+      need_str(ARGV[b + 4], 'the step'), need_instant_or_empty(ARGV[b + 5], 'the step start'))
   end
 end
 if fault then return refuse('X_INVARIANT', fault) end
@@ -803,7 +881,7 @@ local vis = tonumber(ARGV[A])
 local n = tonumber(ARGV[A + 1])
 local out = {}
 for r = 1, n do
-  local b = A + 2 + (r - 1) * 4
+  local b = A + 2 + (r - 1) * 6
   local id, worker, claim, pg = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local jk = jobkey(id)
   if owned(jk, worker, claim) then
@@ -811,6 +889,7 @@ for r = 1, n do
     redis.call('HSET', jk, 'le', fmt(le))
     redis.call('ZADD', P .. ':running', le, id)
     if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+    log_step(jk, ARGV[b + 4], ARGV[b + 5])
     for _, sk in ipairs(redis.call('SMEMBERS', P .. ':jl:' .. id)) do
       local j, w, c = parse_lease(redis.call('GET', sk))
       if j == id and w == worker and c == claim then
