@@ -131,9 +131,14 @@ CASES: list[tuple[str, ErrorCode, Call]] = [
         _script("heartbeat", "30.0", "2", "id", "w1", "1", ""),
     ),
     (
+        "heartbeat: a step start that is no instant",
+        ErrorCode.X_INVARIANT,
+        _script("heartbeat", "30.0", "1", "id", "w1", "1", "", "charge", "nan"),
+    ),
+    (
         "release_orphans: a held claim 'x'",
         ErrorCode.X_INVARIANT,
-        _script("release_orphans", "w1", "message", "x"),
+        _script("release_orphans", "w1", "message", "its first line", "x"),
     ),
     # steps, events, leases
     (
