@@ -291,6 +291,32 @@ async def _enqueue_all(handle: Any, n: int) -> None:
         await handle.enqueue_many(range(start, min(n, start + ENQUEUE_BATCH)))
 
 
+#: CPU per job of the last trio-jobs throughput run (µs): the worker process and
+#: the PostgreSQL backends serving its database (read from /proc when the
+#: server runs on this machine; None otherwise).
+LAST_CPU: dict[str, float | None] = {"worker": None, "server": None}
+
+
+def _backend_cpu(server: Server, dbname: str) -> dict[int, float] | None:
+    """CPU seconds so far of each backend connected to ``dbname`` (local server only)."""
+    if str(server.params.get("host", "")) not in ("127.0.0.1", "localhost", "::1", ""):
+        return None
+    with server.admin() as conn:
+        pids = [
+            r[0]
+            for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))
+        ]
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None  # not this machine's process table
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 async def _tj_throughput_once(
     server: Server,
     dbname: str,
@@ -309,15 +335,25 @@ async def _tj_throughput_once(
         gc.collect()
         if profiler is not None:
             profiler.enable()  # the worker's run only, not the enqueue before it
+        before = await trio.to_thread.run_sync(_backend_cpu, server, dbname)
         async with trio.open_nursery() as nursery:
+            cpu0 = time.process_time()
             started = time.perf_counter()
             await nursery.start(worker.run)
             with trio.fail_after(600):
                 await settles.done.wait()
             elapsed = settles.finished_at - started
+            cpu = time.process_time() - cpu0
             if profiler is not None:
                 profiler.disable()
+            after = await trio.to_thread.run_sync(_backend_cpu, server, dbname)
             await worker.drain()
+        LAST_CPU["worker"] = cpu / n * 1e6
+        LAST_CPU["server"] = (
+            sum(v - before.get(pid, 0.0) for pid, v in after.items()) / n * 1e6
+            if before is not None and after is not None
+            else None
+        )
         done = sum(s.done for s in await jobs.stats())
         if done != n:
             raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
@@ -360,7 +396,7 @@ def tj_processes(server: Server, dbname: str, n: int, processes: int, concurrenc
     """``trio-jobs worker --processes N`` over ``n`` no-op jobs: the supervisor and
     its children start on a paused queue; timed from the resume until the
     counters say ``n`` done."""
-    from trio_jobs.drivers.postgres import conninfo_with_schema
+    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
 
     with server.schema(dbname, "tjp") as schema:
         dsn = conninfo_with_schema(server.dsn_for(dbname), schema)
@@ -412,6 +448,28 @@ def tj_processes(server: Server, dbname: str, n: int, processes: int, concurrenc
                 proc.wait()
             log.unlink(missing_ok=True)
         return n / (finished - started)
+
+
+def _cpu_summary(runs: Sequence[dict[str, float | None]]) -> str:
+    """The CPU per job of a configuration's runs (medians), for its row."""
+    workers = [r["worker"] for r in runs if r["worker"] is not None]
+    servers = [r["server"] for r in runs if r["server"] is not None]
+    if not workers:
+        return ""
+    text = f"; CPU per job: worker {statistics.median(workers):.0f} µs"
+    if servers:
+        text += f", PostgreSQL {statistics.median(servers):.0f} µs"
+    return text
+
+
+def _cpu_note() -> str:
+    w, srv = LAST_CPU["worker"], LAST_CPU["server"]
+    if w is None:
+        return ""
+    text = f" (worker {w:.0f} µs CPU/job"
+    if srv is not None:
+        text += f", PostgreSQL {srv:.0f} µs CPU/job: one core of it serves {1e6 / srv:,.0f} jobs/s"
+    return text + ")"
 
 
 def tj_throughput(
@@ -772,6 +830,7 @@ class Bench:
 
     def throughput(self) -> None:
         tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        cpu: dict[int, list[dict[str, float | None]]] = {c: [] for c in TJ_CONCURRENCY}
         gw: dict[tuple[int, bool], list[float]] = {c: [] for c in GRAPHILE_CONFIGS}
         pq: dict[int, list[float]] = {c: [] for c in PROCRASTINATE_CONCURRENCY}
         with self.server.database("noop") as db:
@@ -780,7 +839,8 @@ class Bench:
                 if "trio-jobs" in self.systems:
                     for c in TJ_CONCURRENCY:
                         tj[c].append(tj_throughput(self.server, db, pg_noop, NOOP_JOBS, c))
-                        self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                        cpu[c].append(dict(LAST_CPU))
+                        self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s{_cpu_note()}")
                 if "graphile-worker" in self.systems:
                     for conc, batched in GRAPHILE_CONFIGS:
                         with self.server.schema(db, "gw") as schema:
@@ -816,7 +876,8 @@ class Bench:
                     Sample(
                         "trio-jobs",
                         "noop",
-                        f"concurrency {c} (max_in_flight unset), pool 10, {NOOP_JOBS:,} jobs",
+                        f"concurrency {c} (max_in_flight unset), pool 10, {NOOP_JOBS:,} jobs"
+                        + _cpu_summary(cpu[c]),
                         "jobs/s",
                         values,
                     )
@@ -902,6 +963,7 @@ class Bench:
 
     def steps(self) -> None:
         tj: dict[int, list[float]] = {c: [] for c in TJ_STEP_CONCURRENCY}
+        cpu: dict[int, list[dict[str, float | None]]] = {c: [] for c in TJ_STEP_CONCURRENCY}
         pq: list[float] = []
         with self.server.database("steps") as db:
             for r in range(self.runs):
@@ -909,7 +971,10 @@ class Bench:
                 if "trio-jobs" in self.systems:
                     for c in TJ_STEP_CONCURRENCY:
                         tj[c].append(tj_throughput(self.server, db, pg_steps3, STEP_JOBS, c))
-                        self.log(f"trio-jobs 3-step concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                        cpu[c].append(dict(LAST_CPU))
+                        self.log(
+                            f"trio-jobs 3-step concurrency {c}: {tj[c][-1]:,.0f} jobs/s{_cpu_note()}"
+                        )
                 if "procrastinate" in self.systems:
                     with self.server.schema(db, "pq") as schema:
                         out = self.procrastinate.run(
@@ -928,7 +993,7 @@ class Bench:
                     Sample(
                         "trio-jobs",
                         "steps3",
-                        f"concurrency {c}, {STEP_JOBS:,} jobs of 3 steps",
+                        f"concurrency {c}, {STEP_JOBS:,} jobs of 3 steps" + _cpu_summary(cpu[c]),
                         "jobs/s",
                         values,
                     )
