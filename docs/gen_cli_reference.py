@@ -38,6 +38,12 @@ def json_shapes() -> dict[str, str]:
         '"affected": N, "remaining": 0, "calls": N}` (`"ok": false`, `remaining` above 0 and '
         "exit 1 when matching rows stopped moving: another transaction holds them)`"
     )
+    dry_run = (
+        '; with `--dry-run`: `{"ok": true, "action": "ACTION", "dry_run": true, "filter": '
+        '{...}, "count": N, "sample": [VIEW, ...]}` (the first 10 jobs it would move, oldest '
+        "first)"
+    )
+    bulk += dry_run
     return {
         "list": '{"rows": [VIEW, ...], "after": CURSOR | null, "before": CURSOR | null}',
         "show": "VIEW",
@@ -83,18 +89,39 @@ Every subcommand takes `--json` and `--database-url DSN` anywhere after its name
   `options='-c search_path=myschema'`. A subcommand that touches the database migrates it
   first. The connection string is never printed: output names where it came from
   (`--database-url`, `$DATABASE_URL` or the embedded server).
-- **Exit codes**: `0` done; `1` a refusal, printing its `X_*` code (`X_CODE: message` on
-  stderr, or `{"ok": false, "error": {"code": "X_...", "message": "..."}}` on stdout with
-  `--json`); `2` a usage error (an unknown option or command, a missing `--reason`, an
-  unknown `--state`, `--limit abc`), printed the same way with `X_CONFIG_INVALID` and the
-  command's `--help`; `3` a worker that abandoned jobs at its drain deadline (with
-  `worker --processes N`: any child did, or died while draining). A `--processes`
-  supervisor whose children refused their configuration exits with their code.
+- **Exit codes**:
+
+  | Code | Means |
+  |---|---|
+  | `0` | done (a warning on stderr, such as an unknown queue, does not change it) |
+  | `1` | a refusal: the library or the database said no (a `JobsError`), printing its `X_*` code: `X_CODE: message` on stderr, or `{"ok": false, "error": {"code": "X_...", "message": "..."}}` on stdout with `--json`; also a bulk change refused without `--yes` off a terminal, or not confirmed on one |
+  | `2` | a usage error: the command line does not parse (an unknown option or command, a missing `--reason`, an unknown `--state`, `--limit abc`), printed the same way with `X_CONFIG_INVALID` and the command's `--help` |
+  | `3` | a worker that abandoned jobs at its drain deadline (with `worker --processes N`: any child did, or died while draining); a `--processes` supervisor whose children refused their configuration exits with their code |
+- **Job IDs**: every command taking an `ID` takes the whole id or a unique prefix of it of
+  at least 8 characters, as `trio-jobs dev` and `trio-jobs list` print it (`6b63347c`,
+  `6b63347c-1d2c`; any case). A prefix no job's id starts with is `X_JOB_NOT_FOUND`; one
+  several start with is `X_ID_AMBIGUOUS` (an addition to the spec's codes), naming up to
+  five of them; anything else (`6b63347`, `not-an-id`) is `X_ID_INVALID`, before any I/O.
+  Output names the whole id.
+- **Bulk changes** (`remove --state`, `requeue`): `--dry-run` prints how many jobs would
+  change and the first 10 of them, and changes nothing (`promote --state` takes it too).
+  Without it, on a terminal (stdin is a TTY) the command prints that preview on stderr
+  and asks `[y/N]` first; `--yes` (`-y`) skips the question. With no terminal to ask on
+  (a script, CI, a pipe) and no `--yes`, it is refused (`X_CONFIG_INVALID`, exit 1)
+  before any I/O: a bulk delete in a script is written down with `--yes`, never
+  assumed.
+- **Warnings**: `pause QUEUE` and `worker --queues` name a queue no job declares (the
+  worker's loaded jobs, or a live worker's queues) and no job is in: most likely a typo.
+  The command still does it, and warns on stderr with the log event
+  `jobs.queue.unknown` (`warning: jobs.queue.unknown: ...`, or its JSON line with
+  `--json`).
 - **Bad arguments** are refused before any I/O where the command can tell on its own: a
-  job ID that is not a UUID (`X_JOB_NOT_FOUND`), a queue, job or step name no job can
-  have, a NUL character or text that is not UTF-8, an empty `--database-url`, a port out
-  of range, a worker target that is not `MODULE[:ATTR]` (`X_CONFIG_INVALID`). A message
-  names the flag and what to write instead, never the refused value.
+  job ID that is neither an id nor the start of one (`X_ID_INVALID`), a queue, job or step
+  name no job can have, a NUL character or text that is not UTF-8, an empty
+  `--database-url`, a port out of range, a worker target that is not `MODULE[:ATTR]`
+  (`X_CONFIG_INVALID`), a `--after`/`--before` cursor no page printed
+  (`X_JOB_PAGE_INVALID`). A message names the flag and what to write instead, never the
+  refused value.
 - **Durations** take the Python forms (`250ms`, `2s`, `15m`, `1h`, `7d`, or seconds).
   `WHEN` flags take an ISO 8601 datetime (UTC when it has no offset) or a duration ago.
 - **Sensitive jobs**: a job declared `sensitive=True` is marked on its row at enqueue, so

@@ -1,11 +1,11 @@
 """Generate docs/reference/api.md from the public names' docstrings.
 
-    python docs/gen_reference.py           # rewrite docs/reference/api.md
-    python docs/gen_reference.py --check   # exit 1 if it is out of date
+    .venv/bin/python docs/gen_reference.py           # rewrite docs/reference/api.md
+    .venv/bin/python docs/gen_reference.py --check   # exit 1 if it is out of date
 
 Every name in the ``__all__`` of ``trio_jobs``, ``trio_jobs.drivers`` and
 ``trio_jobs.testing`` gets one line: the first paragraph of its docstring, or for
-a constant the ``#:`` comment above its definition and its value. ``tests/docs/test_examples.py`` fails when the
+a constant the ``#:`` comment above its definition and its value. ``tests/docs/test_api_reference.py`` fails when the
 committed page differs from what this script renders.
 """
 

@@ -39,9 +39,13 @@ def _run(name: str, seeds: list[int]) -> tuple[int, list[tuple[int, str]], int, 
 
 
 @click.group()
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Seeded simulation scenarios."""
+    previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
+    # Restored when the command ends (it also runs in-process, under CliRunner).
+    ctx.call_on_close(lambda: logging.disable(previous))
 
 
 @cli.command("list")

@@ -111,7 +111,9 @@ async def wait_state(jobs: Jobs, job_id: str, *states: str, timeout: float = 600
 
 def events_named(caplog: Any, event: str) -> list[logging.LogRecord]:
     """The ``trio_jobs`` log records whose event is ``event``."""
-    return [r for r in caplog.records if r.name == "trio_jobs" and r.getMessage() == event]
+    return [
+        r for r in caplog.records if r.name == "trio_jobs" and getattr(r, "event", None) == event
+    ]
 
 
 def reset_retry_classes() -> None:

@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -15,9 +15,11 @@ import trio
 from . import _ambient, _tracing
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
+from ._validate import check_text, storable
 from ._write_retry import is_transient, retry_delay, write_retrying
-from .drivers._protocol import Progress, StepRecord
+from .drivers._protocol import Progress, StepMark, StepRecord
 from .errors import ErrorCode, JobAbortedError, JobsError
+from .logging import emit
 
 if TYPE_CHECKING:
     from ._declare import Job
@@ -89,6 +91,11 @@ class Signal:
         for scope in self._scopes:
             scope.cancel()
         return True
+
+    def _detach(self, scope: trio.CancelScope) -> None:
+        """Stop cancelling ``scope`` on an abort (the body it ran is done)."""
+        if scope in self._scopes:
+            self._scopes.remove(scope)
 
     def _attach(self, scope: trio.CancelScope, deadline: float = math.inf) -> None:
         self._scopes.append(scope)
@@ -169,6 +176,15 @@ class RunState:
         self.unwinding = unwinding
         self.unknown_compensation: str | None = None
         self.signal = Signal()
+        #: Who enqueued the run (built once: the context and the ambient actor share it).
+        self.actor: Actor | None = None
+        #: How the body ended, for the worker's slower verdicts: (its result,
+        #: its own exception, a hand-back or an infrastructure fault).
+        self.verdict: tuple[Any, BaseException | None, Handback | InfraFault | None] = (
+            None,
+            None,
+            None,
+        )
         self.boundary = boundary
         self.event_poll = event_poll
         self.progress: Progress | None = None
@@ -181,6 +197,17 @@ class RunState:
         self.on_lost: Callable[[], None] | None = None
         #: Whether this attempt records spans (``_tracing.recording()``, asked once).
         self.traced = False
+        #: The steps running now and since when (the heartbeat reports the newest).
+        self.running_steps: dict[str, float] = {}
+
+    @property
+    def step_now(self) -> StepMark | None:
+        """The step in progress, for the heartbeat (the newest, when a body runs
+        several at once); ``None`` between steps."""
+        if not self.running_steps:
+            return None
+        name = next(reversed(self.running_steps))
+        return StepMark(name, self.running_steps[name])
 
     @property
     def lost(self) -> bool:
@@ -254,6 +281,7 @@ class RunState:
             "jobs.step.retry",
             {
                 "job_id": claimed.id,
+                "job": claimed.name,
                 "attempt": claimed.attempt,
                 "worker_id": claimed.fence.worker_id,
             },
@@ -291,6 +319,7 @@ class RunState:
                 ErrorCode.X_JOB_DECLARATION_INVALID,
                 f"{what} needs a name: a non-empty string of at most {MAX_STEP_NAME} characters",
             )
+        check_text(name, what=f"the {what} name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if name == RESERVED_STEP or name.startswith(COMPENSATE_PREFIX):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -405,14 +434,24 @@ class Steps:
         executions = (rec.executions if rec is not None else 0) + 1
         seq = s.seq_for(name)
         await s.hit("before-step", name)
+        started_at = s.driver.now()
         if once:
-            await s.put(StepRecord(name=name, status="started", seq=seq, executions=executions))
+            await s.put(
+                StepRecord(
+                    name=name,
+                    status="started",
+                    seq=seq,
+                    executions=executions,
+                    started_at=started_at,
+                )
+            )
             await s.hit("after-started", name)
         timeout = s.handle.step_timeout
         wants_signal = _wants_signal(fn)
         # One child span of the attempt's span per executed step (a no-op without
         # OpenTelemetry); a replayed step is not executed and has none.
-        with _tracing.step_span(name, executions, once, s.traced):
+        s.running_steps[name] = started_at
+        with _tracing.step_span(name, executions, once, s.traced), _running(s, name):
             try:
                 if timeout is None and not wants_signal:
                     # No ceiling and no signal to hand over: the run's own scope
@@ -434,16 +473,24 @@ class Steps:
             except (trio.Cancelled, Handback, ReplayStop, LeaseLost, InfraFault, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                await _record_failure(s, name, seq, executions, exc)
+                await _record_failure(s, name, seq, executions, exc, started_at)
                 raise
         await s.hit("after-fn", name)
         try:
             output = _output_form(name, value)
         except JobsError as error:
-            await _record_failure(s, name, seq, executions, error)
+            await _record_failure(s, name, seq, executions, error, started_at)
             raise
         await s.put(
-            StepRecord(name=name, status="completed", seq=seq, executions=executions, output=output)
+            StepRecord(
+                name=name,
+                status="completed",
+                seq=seq,
+                executions=executions,
+                output=output,
+                started_at=started_at,
+                ended_at=s.driver.now(),
+            )
         )
         await s.hit("after-record", name)
         if compensate is not None:
@@ -499,7 +546,8 @@ class Steps:
         executions = (rec.executions if rec is not None else 0) + 1
         seq = s.seq_for(name)
         await s.hit("before-step", name)
-        with _tracing.step_span(name, executions, False, s.traced):
+        s.running_steps[name] = s.driver.now()
+        with _tracing.step_span(name, executions, False, s.traced), _running(s, name):
             record = await _transact(s, name, fn, seq, executions, s.handle.step_timeout)
         s.records[name] = record
         await s.hit("after-record", name)
@@ -527,7 +575,9 @@ class Steps:
                 if s.unwinding:
                     return
                 s.refuse_past_abort(step_name)
-                await s.put(attrs.evolve(rec, status="completed", executions=1))
+                await s.put(
+                    attrs.evolve(rec, status="completed", executions=1, ended_at=s.driver.now())
+                )
                 return
             if s.unwinding:
                 raise ReplayStop()
@@ -538,7 +588,8 @@ class Steps:
         if seconds == 0:
             return
         await s.hit("before-step", step_name)
-        wake_at = s.driver.now() + seconds
+        now = s.driver.now()
+        wake_at = now + seconds
         await s.put(
             StepRecord(
                 name=step_name,
@@ -546,6 +597,7 @@ class Steps:
                 seq=s.seq_for(step_name),
                 executions=1,
                 wake_at=wake_at,
+                started_at=now,
             )
         )
         await s.hit("after-record", step_name)
@@ -576,6 +628,7 @@ class Steps:
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID, "wait_for_event needs an event name"
             )
+        check_text(event, what="the event name", code=ErrorCode.X_JOB_DECLARATION_INVALID)
         if match is not None and not callable(match):
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -607,6 +660,7 @@ class Steps:
                 event=event,
                 since=now,
                 deadline=now + timeout_s,
+                started_at=now,
             )
             await s.put(rec)
             await s.hit("after-record", step_name)
@@ -618,11 +672,13 @@ class Steps:
             parsed = _parse_event(schema, record.payload, step_name)
             if match is None or match(parsed):
                 s.refuse_past_abort(step_name)
-                await s.put(attrs.evolve(rec, status="completed", output=record.payload))
+                await s.put(
+                    attrs.evolve(rec, status="completed", output=record.payload, ended_at=now)
+                )
                 return cast("T", parsed)
         if now >= rec.deadline:
             s.refuse_past_abort(step_name)
-            await s.put(attrs.evolve(rec, status="completed", output=None))
+            await s.put(attrs.evolve(rec, status="completed", output=None, ended_at=now))
             return None
         poll = s.handle.event_poll if s.handle.event_poll is not None else s.event_poll
         raise Handback("suspended", min(rec.deadline, now + poll), waiting_event=event)
@@ -712,17 +768,17 @@ async def _transact(
             delay = retry_delay(f"{claimed.id}:{claimed.fence.claim}:{name}", tries)
             if s._gone() or now + delay >= budget_end:
                 raise InfraFault(error) from None
-            _log.warning(
+            emit(
+                _log,
+                logging.WARNING,
                 "jobs.step.retry",
-                extra={
-                    "event": "jobs.step.retry",
-                    "job_id": claimed.id,
-                    "attempt": claimed.attempt,
-                    "worker_id": claimed.fence.worker_id,
-                    "code": error.code,
-                    "retry": tries,
-                    "retry_in": round(delay, 3),
-                },
+                job_id=claimed.id,
+                job=claimed.name,
+                attempt=claimed.attempt,
+                worker_id=claimed.fence.worker_id,
+                code=error.code,
+                retry=tries,
+                retry_in=round(delay, 3),
             )
             # In the run's scope: a drain or a cancel ends the wait, not the budget.
             await trio.sleep(delay)
@@ -741,6 +797,7 @@ async def _transact_once(
     drained step still lands. A transient failure anywhere is a :class:`_TxFault`
     (nothing landed, or, at the COMMIT, maybe); a refused fence is a lost lease,
     safe either way: the effects and the record land together or not at all."""
+    started_at = s.driver.now()
     manager = s.jobs.transaction()
     try:
         tx = await manager.__aenter__()
@@ -771,10 +828,16 @@ async def _transact_once(
         if not isinstance(
             exc, (trio.Cancelled, Handback, ReplayStop, LeaseLost, InfraFault, KeyboardInterrupt)
         ):
-            await _record_failure(s, name, seq, executions, exc)
+            await _record_failure(s, name, seq, executions, exc, started_at)
         raise
     record = StepRecord(
-        name=name, status="completed", seq=seq, executions=executions, output=output
+        name=name,
+        status="completed",
+        seq=seq,
+        executions=executions,
+        output=output,
+        started_at=started_at,
+        ended_at=s.driver.now(),
     )
     landed = False
     with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
@@ -840,7 +903,15 @@ def _output_form(name: str, value: Any) -> Any:
         ) from None
 
 
-def failed_record(name: str, seq: int, executions: int, exc: BaseException) -> StepRecord:
+def failed_record(
+    name: str,
+    seq: int,
+    executions: int,
+    exc: BaseException,
+    *,
+    started_at: float | None = None,
+    ended_at: float | None = None,
+) -> StepRecord:
     """A step's (or a compensation's) ``failed`` record: the exception's type and
     message as ``error``, its ``X_*`` code when it is a :class:`JobsError`."""
     return StepRecord(
@@ -850,17 +921,36 @@ def failed_record(name: str, seq: int, executions: int, exc: BaseException) -> S
         executions=executions,
         error=_describe(exc),
         error_code=exc.code if isinstance(exc, JobsError) else None,
+        started_at=started_at,
+        ended_at=ended_at,
     )
 
 
 async def _record_failure(
-    s: RunState, name: str, seq: int, executions: int, exc: BaseException
+    s: RunState,
+    name: str,
+    seq: int,
+    executions: int,
+    exc: BaseException,
+    started_at: float | None = None,
 ) -> None:
     """Record a step's failure (in its own statement), unless the run was aborted."""
     if s.signal.reason is not None:
         return
-    await s.put(failed_record(name, seq, executions, exc))
+    record = failed_record(
+        name, seq, executions, exc, started_at=started_at, ended_at=s.driver.now()
+    )
+    await s.put(record)
     await s.hit("after-record", name)
+
+
+@contextlib.contextmanager
+def _running(s: RunState, name: str) -> Iterator[None]:
+    """While a step's function runs: the heartbeat reports it as in progress."""
+    try:
+        yield
+    finally:
+        s.running_steps.pop(name, None)
 
 
 def _parse_event(schema: Any, payload: Any, step: str) -> Any:
@@ -877,10 +967,13 @@ def _parse_event(schema: Any, payload: Any, step: str) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
+    """What a failure records (``last_error``, a step's error): the exception's
+    text, made storable by every driver (a NUL in a library's message would make
+    PostgreSQL refuse the settle and leave the run held until its lease lapsed)."""
     if isinstance(exc, JobsError):
-        return str(exc)
+        return storable(str(exc))
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 class JobContext(Generic[I]):
@@ -897,9 +990,7 @@ class JobContext(Generic[I]):
         self.attempt: int = claimed.attempt
         self.final_attempt: bool = claimed.attempt >= state.handle.retry.attempts
         self.tenant_id: str | None = claimed.tenant_id
-        from ._facade import Actor
-
-        self.actor: Actor | None = Actor.from_json(claimed.actor)
+        self.actor: Actor | None = state.actor
         self.jobs: Jobs = state.jobs
         self.name: str = state.handle.name
 

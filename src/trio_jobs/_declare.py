@@ -19,8 +19,9 @@ import attrs
 import cattrs
 
 from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs
-from ._serialization import converter, json_schema, payload_form
+from ._serialization import converter, json_schema, payload_form, too_deep
 from ._time import Duration, parse_duration
+from ._validate import check_text, text_fault
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
 if TYPE_CHECKING:
@@ -132,7 +133,8 @@ def _duration(
         return parse_duration(value, field=field)
     except JobsError:
         faults.append(
-            f'{field} must be a positive duration ("30s", "250ms", a timedelta or seconds)'
+            f"{field} must be a positive duration of at most 100 years "
+            '("30s", "250ms", a timedelta or seconds)'
         )
         return default
 
@@ -276,6 +278,12 @@ class Job(Generic[I, R]):
             if isinstance(tp, type) and attrs.has(tp) and not isinstance(raw, Mapping):
                 raise TypeError("not a mapping")
             return converter.structure(raw, tp)  # type: ignore[no-any-return]
+        except RecursionError:
+            raise JobsError(
+                ErrorCode.X_JOB_INPUT_INVALID,
+                too_deep(f"the payload for {self.name}"),
+                meta={"job": self.name},
+            ) from None
         except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError) as exc:
             fields = _fault_paths(exc)
             where = f" (check {', '.join(fields)})" if fields else ""
@@ -290,8 +298,7 @@ class Job(Generic[I, R]):
             plain = converter.unstructure(value)
         except RecursionError:
             raise JobsError(
-                ErrorCode.X_JOB_INPUT_INVALID,
-                f"{self.name}'s input has no JSON form (it refers to itself); pass plain data",
+                ErrorCode.X_JOB_INPUT_INVALID, too_deep(f"{self.name}'s input")
             ) from None
         return payload_form(
             plain,
@@ -319,6 +326,12 @@ class Job(Generic[I, R]):
                 f"{self.name}: idempotency_key answered {len(key)} characters, over "
                 f"{MAX_IDEMPOTENCY_KEY}; hash the long part",
             )
+        check_text(
+            key,
+            what=f"{self.name}: the key idempotency_key answered",
+            code=ErrorCode.X_JOB_DECLARATION_INVALID,
+            fix="derive it from text without one (or hash the part that holds it)",
+        )
         return key
 
     def concurrency_key_for(self, input: I) -> str | None:
@@ -332,6 +345,12 @@ class Job(Generic[I, R]):
                 f"{self.name}: concurrency.key must answer a non-empty string of at most "
                 f"{MAX_CONCURRENCY_KEY} characters",
             )
+        check_text(
+            key,
+            what=f"{self.name}: the key concurrency.key answered",
+            code=ErrorCode.X_JOB_DECLARATION_INVALID,
+            fix="derive it from text without one (or hash the part that holds it)",
+        )
         return key
 
     def lease_key(self, concurrency_key: str | None) -> str:
@@ -351,6 +370,12 @@ class Job(Generic[I, R]):
                 ErrorCode.X_JOB_DECLARATION_INVALID,
                 f"{self.name}: tenant must answer a non-empty string (or a UUID), got {type(value).__name__}",
             )
+        check_text(
+            value,
+            what=f"{self.name}: the tenant that tenant(input) answered",
+            code=ErrorCode.X_JOB_DECLARATION_INVALID,
+            fix="answer the org's id as stored in your tables",
+        )
         return value
 
     def describe(self) -> dict[str, Any]:
@@ -570,6 +595,8 @@ def job(
         faults.append("tenant must be a function of the input or the string 'none'")
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 200):
         faults.append("name must be a non-empty string of at most 200 characters")
+    elif name is not None and (fault := text_fault(name)) is not None:
+        faults.append(f"name cannot be stored: {fault}")
     if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
         faults.append("queue must be 1-128 characters of letters, digits, '_', '.', ':' or '-'")
     resolved_retry = _check_retry(retry, faults)

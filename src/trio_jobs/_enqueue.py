@@ -17,7 +17,8 @@ import attrs
 
 from . import _ambient, _tracing
 from ._time import Duration, UuidSource, parse_duration
-from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, EnqueueRequest
+from ._validate import check_priority, check_text, epoch
+from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, MIN_ID_PREFIX, EnqueueRequest
 from .errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "confining_org",
     "current_facade",
     "enqueue_inputs",
+    "job_ref",
 ]
 
 #: "Argument not passed" (``enqueue_as(None, ...)`` passes ``None`` on purpose).
@@ -100,24 +102,58 @@ def current_facade() -> Jobs:
     return facade
 
 
-def _job_id(value: object) -> str:
+#: Where a canonical id has its dashes; every other character is a hex digit.
+_ID_TEMPLATE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = frozenset("0123456789abcdef")
+
+
+def job_ref(value: object) -> tuple[str, bool]:
+    """A job id as an operator gives it: ``(id, False)`` for a whole id (a
+    ``uuid.UUID``, or any text ``uuid.UUID`` reads, made canonical), ``(prefix,
+    True)`` for the start of a canonical id of at least ``MIN_ID_PREFIX``
+    characters (lowercased: ``6b63347c``, ``6b63347c-1d2c``). Anything else is
+    ``X_ID_INVALID``, before any I/O."""
     if isinstance(value, uuid.UUID):
-        return str(value)
+        return str(value), False
     if not isinstance(value, str):
-        raise JobsError(ErrorCode.X_ID_INVALID, "a job id is a lowercase uuid string")
-    return value.lower()
+        raise _bad_id()
+    text = value.lower()
+    if MIN_ID_PREFIX <= len(text) < len(_ID_TEMPLATE) and all(
+        ch == "-" if slot == "-" else ch in _HEX
+        for ch, slot in zip(text, _ID_TEMPLATE[: len(text)], strict=True)
+    ):
+        return text, True
+    try:
+        return str(uuid.UUID(value)), False
+    except ValueError:
+        raise _bad_id() from None
 
 
-def _epoch(value: datetime | float | None) -> float | None:
+def _bad_id() -> JobsError:
+    return JobsError(
+        ErrorCode.X_ID_INVALID,
+        "a job id is a UUID as `trio-jobs list` prints it (0191c6a2-6c1e-7a3b-9f0e-...), "
+        f"or its first {MIN_ID_PREFIX} or more characters (0191c6a2, 0191c6a2-6c1e)",
+    )
+
+
+def _epoch(
+    value: datetime | float | None, *, what: str, code: ErrorCode = ErrorCode.X_INVARIANT
+) -> float | None:
+    """An instant a caller passed, as epoch seconds (``None`` stays ``None``);
+    refused with ``code`` outside 1970..9999 UTC (see :mod:`._validate`)."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise JobsError(ErrorCode.X_INVARIANT, "pass an aware datetime (with a tzinfo)")
-        return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise JobsError(ErrorCode.X_INVARIANT, "pass a datetime or epoch seconds")
-    return float(value)
+    return epoch(value, what=what, code=code)
+
+
+def _delay(value: Duration | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, field="delay", allow_zero=True)
+    except JobsError as exc:
+        raise JobsError(ErrorCode.X_JOB_INPUT_INVALID, exc.message) from None
 
 
 def _run_id(value: object) -> str:
@@ -163,12 +199,16 @@ async def enqueue_inputs(
         )
     if delay is not None and run_at is not None:
         raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
-    delay_s = parse_duration(delay, field="delay", allow_zero=True) if delay is not None else None
-    run_at_s = _epoch(run_at)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise JobsError(ErrorCode.X_INVARIANT, "priority must be an int (lower runs first)")
+    # The run's options, checked once for the whole call against the range every
+    # driver stores (_validate.py): nothing reaches a driver that one of them
+    # would refuse or corrupt.
+    delay_s = _delay(delay)
+    run_at_s = _epoch(run_at, what="run_at", code=ErrorCode.X_JOB_INPUT_INVALID)
+    check_priority(priority, code=ErrorCode.X_JOB_INPUT_INVALID)
     if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
         raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
+    if tenant_id is not None:
+        check_text(tenant_id, what="tenant_id", code=ErrorCode.X_JOB_INPUT_INVALID)
 
     explicit_actor = actor is not _MISSING
     actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()

@@ -16,17 +16,21 @@ from ._enqueue import (
     CROSS_TENANT_PERMISSION,
     Actor,
     _epoch,
-    _job_id,
     confining_org,
     current_facade,
     enqueue_inputs,
+    job_ref,
 )
 from ._lifetime import DriverLifetimes
 from ._serialization import payload_form
 from ._time import IdSource, UuidSource
+from ._validate import check_text
 from .drivers._protocol import (
     MAX_BULK_ROWS,
+    MAX_PREVIEW_SAMPLE,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     CounterRow,
     DriverTransaction,
@@ -282,15 +286,43 @@ class Jobs:
                 "actor holding tenancy:cross",
             )
 
+    async def _one(self, job_id: str) -> tuple[JobIntrospection, str]:
+        """The operator surface, and the id ``job_id`` names: a whole id as given
+        (made canonical), or the one job whose id starts with a prefix of at
+        least 8 characters (``X_JOB_NOT_FOUND``, ``X_ID_AMBIGUOUS``); anything
+        else is ``X_ID_INVALID``, before any I/O."""
+        ref, is_prefix = job_ref(job_id)
+        intro = await self._introspect()
+        return intro, (await intro.resolve_id(ref) if is_prefix else ref)
+
+    async def resolve_id(self, job_id: str) -> str:
+        """The whole id ``job_id`` names: itself, made canonical, or the one job
+        whose id starts with it (a prefix of at least 8 characters).
+
+        >>> await jobs.resolve_id("6b63347c")
+        '6b63347c-1d2c-4c3b-9a8e-7f6d5c4b3a21'
+
+        ``X_JOB_NOT_FOUND``, ``X_ID_AMBIGUOUS`` and ``X_ID_INVALID`` as for
+        :meth:`show` (a whole id is answered without asking the driver)."""
+        return (await self._one(job_id))[1]
+
     async def show(self, job_id: str) -> JobView:
         """One job: state, attempts, keys, error, progress, result and its steps.
 
+        Every call taking a ``job_id`` (``show``, ``requeue``, ``cancel``,
+        ``remove``, ``promote``, ``resolve_step``) takes the whole id or a unique
+        prefix of it of at least 8 characters, as ``trio-jobs dev`` prints it:
+
+        >>> view = await jobs.show("6b63347c")
+
+        A prefix no job's id starts with is ``X_JOB_NOT_FOUND``; one several
+        start with is ``X_ID_AMBIGUOUS`` (``meta["matches"]`` names some); a
+        value that is neither an id nor such a prefix is ``X_ID_INVALID``.
         Under an org's actor (:func:`acting_as`), another org's job is
         ``X_JOB_NOT_FOUND``."""
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        own = await self._own(intro, job_id)
-        return own if own is not None else await intro.show(job_id)
+        intro, key = await self._one(job_id)
+        own = await self._own(intro, key)
+        return own if own is not None else await intro.show(key)
 
     async def list(
         self,
@@ -310,44 +342,44 @@ class Jobs:
 
         Under an org's actor (:func:`acting_as`), only that org's jobs; a
         ``tenant_id`` naming another org is ``X_JOB_TENANT_MISMATCH``."""
-        intro = await self._introspect()
-        return await intro.list(
-            ListFilter(
-                queue=queue,
-                name=name,
-                state=state,
-                tenant_id=self._confined_tenant(tenant_id),
-                id_prefix=id_prefix,
-                created_from=_epoch(created_from),
-                created_to=_epoch(created_to),
-                limit=limit,
-                after=after,
-                before=before,
-            )
+        # Built (and so validated) before any driver is asked.
+        page = ListFilter(
+            queue=queue,
+            name=name,
+            state=state,
+            tenant_id=self._confined_tenant(tenant_id),
+            id_prefix=id_prefix,
+            created_from=_epoch(created_from, what="created_from"),
+            created_to=_epoch(created_to, what="created_to"),
+            limit=limit,
+            after=after,
+            before=before,
         )
+        return await (await self._introspect()).list(page)
 
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView:
         """Requeue a finished job; completed steps replay from storage."""
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        await self._own(intro, job_id)
-        return await intro.requeue(job_id, from_step)
+        if from_step is not None:
+            _check_arg(from_step, "from_step")
+        intro, key = await self._one(job_id)
+        await self._own(intro, key)
+        return await intro.requeue(key, from_step)
 
     retry = requeue
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView:
         """Cancel a live job (a running one hears ``X_ABORTED`` at its next heartbeat)."""
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        await self._own(intro, job_id)
-        return await intro.cancel(job_id, reason)
+        if reason is not None:
+            _check_arg(reason, "the cancel reason")
+        intro, key = await self._one(job_id)
+        await self._own(intro, key)
+        return await intro.cancel(key, reason)
 
     async def remove(self, job_id: str) -> None:
         """Delete a job that is not running, with its steps."""
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        await self._own(intro, job_id)
-        await intro.remove(job_id)
+        intro, key = await self._one(job_id)
+        await self._own(intro, key)
+        await intro.remove(key)
 
     async def remove_many(
         self,
@@ -357,9 +389,8 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).remove_many(
-            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
-        )
+        rows = BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
+        return await (await self._introspect()).remove_many(rows)
 
     async def requeue_many(
         self,
@@ -369,16 +400,14 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).requeue_many(
-            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
-        )
+        rows = BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
+        return await (await self._introspect()).requeue_many(rows)
 
     async def promote(self, job_id: str) -> JobView:
         """Make a job waiting on its ``run_at`` due now."""
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        await self._own(intro, job_id)
-        return await intro.promote(job_id)
+        intro, key = await self._one(job_id)
+        await self._own(intro, key)
+        return await intro.promote(key)
 
     async def promote_many(
         self,
@@ -388,28 +417,66 @@ class Jobs:
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> BulkResult:
-        return await (await self._introspect()).promote_many(
-            BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
+        rows = BulkFilter(state, queue, name, self._confined_tenant(tenant_id))
+        return await (await self._introspect()).promote_many(rows)
+
+    async def preview_many(
+        self,
+        action: BulkAction,
+        *,
+        state: str,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+        sample: int = 5,
+    ) -> BulkPreview:
+        """A dry run of ``remove_many``, ``requeue_many`` or ``promote_many``
+        (``action``: ``"remove"``, ``"requeue"``, ``"promote"``) with this
+        filter, writing nothing: ``.count``, how many jobs it would move if
+        called until nothing remains, and ``.sample``, the first ``sample`` of
+        them (0 to 50), oldest first. A filter the action refuses is refused
+        alike. ``trio-jobs remove --state dead --dry-run`` prints it.
+
+        >>> preview = await jobs.preview_many("remove", state="dead", queue="emails")
+        >>> preview.count, [v.id for v in preview.sample]
+        """
+        if (
+            isinstance(sample, bool)
+            or not isinstance(sample, int)
+            or not 0 <= sample <= MAX_PREVIEW_SAMPLE
+        ):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"sample is how many jobs to show: a whole number from 0 to {MAX_PREVIEW_SAMPLE}",
+            )
+        if action not in ("remove", "requeue", "promote"):
+            raise JobsError(
+                ErrorCode.X_INVARIANT, "action is one of 'remove', 'requeue' or 'promote'"
+            )
+        return await (await self._introspect()).preview_many(
+            action, BulkFilter(state, queue, name, self._confined_tenant(tenant_id)), sample
         )
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         """Resolve a ``once`` step whose outcome is unknown: it ran (with ``output``)
         or it did not (it runs again on the next attempt)."""
+        _check_arg(step, "the step name")
         form = payload_form(
             output, what="the step output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE
         )
-        intro = await self._introspect()
-        job_id = _job_id(job_id)
-        await self._own(intro, job_id)
-        await intro.resolve_step(job_id, step, ran=ran, output=form)
+        intro, key = await self._one(job_id)
+        await self._own(intro, key)
+        await intro.resolve_step(key, step, ran=ran, output=form)
 
     async def pause_queue(self, queue: str) -> None:
         """Stop every worker of the fleet claiming from ``queue`` (within one poll)."""
+        _check_arg(queue, "the queue name")
         self._fleet_wide("pausing a queue")
         await (await self._introspect()).pause_queue(queue)
 
     async def resume_queue(self, queue: str) -> None:
         """Let the fleet claim from ``queue`` again."""
+        _check_arg(queue, "the queue name")
         self._fleet_wide("resuming a queue")
         await (await self._introspect()).resume_queue(queue)
 
@@ -427,7 +494,10 @@ class Jobs:
         """Settled-run history per time bucket, for one job name or all."""
         self._fleet_wide("counters()")
         name = job.name if isinstance(job, Job) else job
-        return await (await self._introspect()).counters(name, _epoch(since) or 0.0)
+        if name is not None:
+            _check_arg(name, "the job name")
+        start = _epoch(since, what="since") or 0.0
+        return await (await self._introspect()).counters(name, start)
 
     async def stats(self) -> builtins.list[QueueStats]:
         """Rows per state in each queue."""
@@ -506,6 +576,14 @@ async def open_jobs(
             del failure
 
 
+def _check_arg(value: object, what: str) -> None:
+    """An operator call's text argument: a string every driver can store
+    (``X_INVARIANT``, as the calls' other misuses)."""
+    if not isinstance(value, str):
+        raise JobsError(ErrorCode.X_INVARIANT, f"{what} must be a string")
+    check_text(value, what=what, code=ErrorCode.X_INVARIANT)
+
+
 def current_jobs() -> Jobs:
     """The ambient facade, or ``X_CONFIG_INVALID`` saying how to install one."""
     return current_facade()
@@ -519,6 +597,7 @@ async def publish_event(event: str, payload: Any) -> None:
         raise JobsError(
             ErrorCode.X_INVARIANT, "an event name is a non-empty string of at most 200 characters"
         )
+    check_text(event, what="the event name", code=ErrorCode.X_INVARIANT)
     form = payload_form(
         payload, what=f"the payload of event {event!r}", code=ErrorCode.X_JOB_EVENT_INVALID
     )

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from .logging import emit
+
 __all__ = ["NOOP_OBSERVER", "OUTCOMES", "CompositeObserver", "WorkerObserver", "guarded"]
 
 log = logging.getLogger("trio_jobs")
@@ -119,13 +121,12 @@ class _Guarded(WorkerObserver):
         except Exception as exc:
             if method not in self._reported:
                 self._reported.add(method)
-                log.warning(
+                emit(
+                    log,
+                    logging.WARNING,
                     "jobs.observer.failed",
-                    extra={
-                        "event": "jobs.observer.failed",
-                        "method": method,
-                        "cause": type(exc).__name__,
-                    },
+                    method=method,
+                    cause=type(exc).__name__,
                 )
 
     def worker_started(self, worker_id: str, capacity: int) -> None:

@@ -67,8 +67,9 @@ def _double_settle(stack: _Stack) -> None:
         write: str,
         call: Callable[[], Awaitable[bool]],
         held: Attempt | None = None,
+        **kw: Any,
     ) -> bool:
-        landed = await settle_write(self, claimed, write, call, held)
+        landed = await settle_write(self, claimed, write, call, held, **kw)
         if landed and write == "ack":
             await settle_write(
                 self,

@@ -24,6 +24,7 @@ import trio
 from ._time import Duration, parse_duration
 from .drivers._protocol import MAX_BULK_ROWS, JobDriver
 from .errors import ErrorCode, JobsError
+from .logging import emit
 
 __all__ = ["DEAD_RETENTION", "DONE_RETENTION", "PurgeResult", "Retention", "purge_expired"]
 
@@ -107,9 +108,7 @@ class Retention:
         self.removed += result.removed
         self.runs += 1
         if result.removed:
-            log.info(
-                "jobs.purge.done", extra={"event": "jobs.purge.done", "removed": result.removed}
-            )
+            emit(log, logging.INFO, "jobs.purge.done", removed=result.removed)
         return result
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -123,17 +122,9 @@ class Retention:
                 await self.purge_once()
             except JobsError as exc:
                 if exc.code == ErrorCode.X_NOT_IMPLEMENTED:
-                    log.warning(
-                        "jobs.purge.unsupported",
-                        extra={"event": "jobs.purge.unsupported", "driver": self.driver.name},
-                    )
+                    emit(log, logging.WARNING, "jobs.purge.unsupported", driver=self.driver.name)
                     return
-                log.warning(
-                    "jobs.purge.failed", extra={"event": "jobs.purge.failed", "code": exc.code}
-                )
+                emit(log, logging.WARNING, "jobs.purge.failed", code=exc.code)
             except Exception as exc:
-                log.warning(
-                    "jobs.purge.failed",
-                    extra={"event": "jobs.purge.failed", "code": type(exc).__name__},
-                )
+                emit(log, logging.WARNING, "jobs.purge.failed", code=type(exc).__name__)
             await trio.sleep(self.every)

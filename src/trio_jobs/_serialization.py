@@ -69,6 +69,19 @@ class UnserializableError(Exception):
     """Internal: a value has no JSON form."""
 
 
+class TooDeepError(UnserializableError):
+    """Internal: a value nests past what the encoder walks (or refers to itself)."""
+
+
+def too_deep(what: str) -> str:
+    """The refusal of a value nested past :data:`MAX_PAYLOAD_DEPTH` (a cycle
+    nests without end, so it is refused the same way)."""
+    return (
+        f"{what} is nested too deep: more than {MAX_PAYLOAD_DEPTH} levels "
+        "(or it refers to itself); flatten it"
+    )
+
+
 def _default(value: Any) -> Any:
     if attrs.has(type(value)):
         return converter.unstructure(value)
@@ -85,8 +98,14 @@ def dumps(value: Any) -> bytes:
     """Serialise ``value`` to JSON bytes or raise :class:`UnserializableError`."""
     try:
         return orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATACLASS)
-    except (TypeError, orjson.JSONEncodeError, RecursionError) as exc:
-        raise UnserializableError(str(exc).split(":")[0]) from None
+    except RecursionError:
+        raise TooDeepError("nested too deep") from None
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        reason = str(exc).split(":")[0]
+        # orjson stops at 255 levels (a cycle reaches it too).
+        if reason == "Recursion limit reached":
+            raise TooDeepError("nested too deep") from None
+        raise UnserializableError(reason) from None
 
 
 def loads(data: bytes | str) -> Any:
@@ -145,6 +164,8 @@ def payload_form(value: Any, *, what: str, code: ErrorCode) -> Any:
     """
     try:
         raw = dumps(value)
+    except TooDeepError:
+        raise JobsError(code, too_deep(what)) from None
     except UnserializableError as exc:
         raise JobsError(code, f"{what} has no JSON form ({exc}); pass plain data") from None
     if len(raw) > MAX_PAYLOAD_BYTES:
@@ -155,7 +176,7 @@ def payload_form(value: Any, *, what: str, code: ErrorCode) -> Any:
         )
     form = orjson.loads(raw)
     if depth_of(form) > MAX_PAYLOAD_DEPTH:
-        raise JobsError(code, f"{what} nests deeper than {MAX_PAYLOAD_DEPTH} levels; flatten it")
+        raise JobsError(code, too_deep(what))
     if _has_non_finite(value):
         # JSON has no NaN or infinity: the encoder would store null, and the worker
         # would read back a payload that is not the one enqueued.

@@ -24,12 +24,18 @@ __all__ = [
     "Duration",
     "IdSource",
     "JitterSource",
+    "MAX_DURATION",
     "SystemClock",
     "TrioClock",
     "parse_duration",
 ]
 
 Duration = str | int | float | timedelta
+
+#: The longest duration accepted anywhere (100 years, in seconds): a delay, a
+#: sleep or a timeout past it is a bug, not a plan, and ``now + it`` must stay
+#: an instant every driver stores and shows (before the year 9999).
+MAX_DURATION = 100 * 365.25 * 86_400.0
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # ASCII only: `\d` would otherwise admit any Unicode digit, and `$` a trailing newline.
@@ -41,7 +47,8 @@ def parse_duration(value: object, *, field: str = "duration", allow_zero: bool =
     number of seconds into float seconds.
 
     A non-positive value is refused (``<= 0`` would read as "no ceiling"), unless
-    ``allow_zero``. Raises ``JobsError(X_CONFIG_INVALID)`` naming ``field``.
+    ``allow_zero``; so is one over :data:`MAX_DURATION` (100 years). Raises
+    ``JobsError(X_CONFIG_INVALID)`` naming ``field``.
     """
     seconds: float
     if isinstance(value, bool):
@@ -64,6 +71,8 @@ def parse_duration(value: object, *, field: str = "duration", allow_zero: bool =
         raise _bad(field, "it must be finite")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise _bad(field, "it must be positive")
+    if seconds > MAX_DURATION:
+        raise _bad(field, "it is over 100 years; pass a shorter one")
     return seconds
 
 

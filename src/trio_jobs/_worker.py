@@ -1,22 +1,29 @@
 """The worker: a nursery of slots per queue, one claimer, one heartbeat task.
 
-Each held job runs in a task of the worker's nursery (a slot). Its cancel
-scope carries the job's ``timeout``, the drain and cancellation; the slot
-records *why* it cancels on ``ctx.signal`` before cancelling, and turns that
-reason into the spec's outcome once the body has stopped.
+A slot is a task of the worker's nursery that runs attempt after attempt: the
+claimer hands each claimed job to a parked slot task (or starts one, up to the
+worker's capacity), so no task is spawned per job. Each attempt runs in a fresh
+copy of the slot's initial ``contextvars`` context (nothing a body sets leaks
+into the next job) and in one cancel scope, which carries the job's
+``timeout``, the drain and cancellation, and then the ack's write budget. The
+slot records *why* it cancels on ``ctx.signal`` before cancelling, and turns
+that reason into the spec's outcome once the body has stopped.
 """
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import logging
 import math
 import os
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import outcome
 import trio
 
 from . import _ambient, _observe, _tracing
@@ -45,6 +52,7 @@ from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
 from ._unwind import unwind
+from ._validate import text_fault
 from ._write_retry import is_transient, write_retrying
 from .drivers._protocol import (
     AckOptions,
@@ -58,6 +66,7 @@ from .drivers._protocol import (
     WorkerInfo,
 )
 from .errors import ErrorCode, JobsError
+from .logging import emit, error_line
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -133,7 +142,7 @@ _ENDINGS = {
 
 
 def _log(level: int, event: str, **fields: Any) -> None:
-    log.log(level, event, extra={"event": event, **fields})
+    emit(log, level, event, **fields)
 
 
 class Worker:
@@ -178,10 +187,11 @@ class Worker:
         if (
             isinstance(queues, str)
             or not queues
-            or not all(isinstance(q, str) and q for q in queues)
+            or not all(isinstance(q, str) and q and text_fault(q) is None for q in queues)
         ):
             raise JobsError(
-                ErrorCode.X_CONFIG_INVALID, "queues must be a non-empty list of queue names"
+                ErrorCode.X_CONFIG_INVALID,
+                "queues must be a non-empty list of queue names (without NUL characters)",
             )
         self.queues: list[str] = list(dict.fromkeys(queues))
         self.slots: dict[str, int] = {}
@@ -240,6 +250,11 @@ class Worker:
         self._drain_waited = False
         self._finished = trio.Event() if _in_trio() else None
         self._slot_freed: trio.Event | None = None
+        # The slot tasks (see _dispatch): parked ones wait for an attempt.
+        self._parked: list[trio.lowlevel.Task] = []
+        self._ready: deque[Attempt] = deque()
+        self._slot_tasks = 0
+        self._slots_closing = False
         self._wait_scope: trio.CancelScope | None = None
         self._idle: trio.Event | None = None
         # When the rows this worker handed back (retries, sleeps, event waits)
@@ -342,6 +357,7 @@ class Worker:
                         logging.WARNING,
                         "jobs.drain.abandoned",
                         job_id=held.claimed.id,
+                        job=held.claimed.name,
                         attempt=held.claimed.attempt,
                         code=ErrorCode.X_DRAINING,
                     )
@@ -398,9 +414,13 @@ class Worker:
                 services.start_soon(self._watch_cancel)
                 # Slots and settle hooks live in their own nursery, which exits
                 # only once every one of them has finished.
+                self._slots_closing = False
                 async with trio.open_nursery() as work:
                     task_status.started()
-                    await self._claim_loop(work, until_quiet=until_quiet)
+                    try:
+                        await self._claim_loop(work, until_quiet=until_quiet)
+                    finally:
+                        self._close_slots()
                 services.cancel_scope.cancel()
         finally:
             self._finished.set()
@@ -463,7 +483,7 @@ class Worker:
                 self._held[_claim_key(claimed)] = held
                 self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
                 got[claimed.queue] = got.get(claimed.queue, 0) + 1
-                nursery.start_soon(self._slot, held)
+                self._dispatch(nursery, held)
             claimed_n += len(result.jobs)
             served = [q for q in want if got[q] > 0]
             if served:
@@ -685,7 +705,8 @@ class Worker:
                 held.state.progress_dirty = False
                 held.state.progress_written_at = now
                 carried.append(held.state)
-            requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress))
+            step = held.state.step_now if held.state is not None else None
+            requests.append(HeartbeatRequest(held.claimed.id, held.claimed.fence, progress, step))
         statuses: list[str] | None = None
         cause, failed_code = "timeout", str(ErrorCode.X_DRIVER_UNAVAILABLE)
         # Bounded by the heartbeat interval and by the first lease window to close.
@@ -719,6 +740,7 @@ class Worker:
                     logging.WARNING,
                     "jobs.heartbeat.failed",
                     job_id=held.claimed.id,
+                    job=held.claimed.name,
                     attempt=held.claimed.attempt,
                     code=failed_code,
                     worker_id=self.id,
@@ -757,6 +779,7 @@ class Worker:
             logging.ERROR,
             "jobs.lease.lost",
             job_id=held.claimed.id,
+            job=held.claimed.name,
             attempt=held.claimed.attempt,
             queue=held.claimed.queue,
             code=ErrorCode.X_JOB_LEASE_LOST,
@@ -768,6 +791,62 @@ class Worker:
         held.lose()
 
     # ------------------------------------------------------------------ a slot
+
+    def _dispatch(self, nursery: trio.Nursery, held: Attempt) -> None:
+        """Hand a claimed attempt to a parked slot task; start one while there are
+        fewer than the worker's capacity; else queue it for the next slot task
+        that finishes (the claimer claims only free room, so this is rare)."""
+        if self._parked:
+            trio.lowlevel.reschedule(self._parked.pop(), outcome.Value(held))
+        elif self._slot_tasks < self._capacity():
+            self._slot_tasks += 1
+            nursery.start_soon(self._slot_task, held)
+        else:
+            self._ready.append(held)
+
+    def _capacity(self) -> int:
+        total = sum(self.slots.values())
+        return total if self.max_in_flight is None else min(total, self.max_in_flight)
+
+    def _close_slots(self) -> None:
+        """The claimer stopped: parked slot tasks end; busy ones end after their attempt."""
+        self._slots_closing = True
+        parked, self._parked = self._parked, []
+        for task in parked:
+            trio.lowlevel.reschedule(task, outcome.Value(None))
+
+    async def _slot_task(self, first: Attempt) -> None:
+        """Run attempts one after another, each in a fresh copy of this task's
+        initial context, parking between them."""
+        task = trio.lowlevel.current_task()
+        pristine = contextvars.copy_context()
+        held: Attempt | None = first
+        try:
+            while held is not None:
+                await self._slot(held)
+                if self._ready:
+                    held = self._ready.popleft()
+                    task.context = pristine.copy()
+                    # The next step runs in the fresh context; no Cancelled here
+                    # (the attempt is ours now, and _slot answers for it).
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                elif self._slots_closing:
+                    held = None
+                else:
+                    task.context = pristine.copy()
+                    held = await self._park(task)
+        finally:
+            self._slot_tasks -= 1
+
+    async def _park(self, task: trio.lowlevel.Task) -> Attempt | None:
+        self._parked.append(task)
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            self._parked.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        held: Attempt | None = await trio.lowlevel.wait_task_rescheduled(abort)
+        return held
 
     async def _slot(self, held: Attempt) -> None:
         _ambient.role_var.set(f"job:{held.claimed.id}")
@@ -789,6 +868,7 @@ class Worker:
                 extra={
                     "event": "jobs.worker.slot-failed",
                     "job_id": claimed.id,
+                    "job": claimed.name,
                     "attempt": claimed.attempt,
                 },
             )
@@ -872,6 +952,7 @@ class Worker:
             boundary=self._boundary,
             event_poll=self.event_poll or self.driver.event_poll_default,
         )
+        state.actor = Actor.from_json(claimed.actor)
         state.on_progress = self._progress_marked
         state.traced = held.traced
         # An abort between the claim and now (a drain, a lost lease) applies here.
@@ -881,7 +962,19 @@ class Worker:
             return
         ctx: JobContext[Any] = JobContext(state)
         started = trio.current_time()
-        result, body_exc, handback = await self._guarded(held, state, lambda: handle.run(ctx))
+        fast = await self._attempt(held, handle, state, lambda: handle.run(ctx), started)
+        if fast is not None:
+            # The body returned and its ack went out inside the attempt's scope.
+            landed, output = fast
+            if landed:
+                self._count("done", held)
+                await self._on_settled(
+                    handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
+                )
+            else:
+                self._unowned(held)
+            return
+        result, body_exc, handback = state.verdict
         if await self._aborted_verdict(held, handle, state, body_exc):
             return
         duration = trio.current_time() - started
@@ -1007,26 +1100,27 @@ class Worker:
         )
         return False
 
-    async def _guarded(
-        self, held: Attempt, state: RunState, fn: Callable[[], Any]
-    ) -> tuple[Any, BaseException | None, Handback | InfraFault | None]:
-        """Run ``fn`` in the run's cancel scope with the ambient context set.
+    async def _attempt(
+        self,
+        held: Attempt,
+        handle: Job[Any, Any],
+        state: RunState,
+        fn: Callable[[], Any],
+        started: float,
+    ) -> tuple[bool, Any] | None:
+        """The body and, when it simply returned, its ack, in one cancel scope.
 
-        Answers its result, the body's own exception, or how the run was handed
-        back without a verdict: a sleep or a wait (:class:`Handback`), or an
-        infrastructure fault the library's statements met (:class:`InfraFault`)."""
-        handle = state.handle
+        The scope carries the job's ``timeout`` while the body runs, then the
+        write budget while the ack goes out (one scope per attempt on the common
+        path). Answers (landed, output) when the ack went out; otherwise None,
+        with the body's outcome on ``state.verdict`` for the slower verdicts,
+        which settle in a scope of their own (a cancelled scope cannot be reused)."""
+        claimed = held.claimed
         deadline = trio.current_time() + handle.timeout if handle.timeout is not None else math.inf
-        result: Any = None
-        exc: BaseException | None = None
-        handback: Handback | InfraFault | None = None
-        held.start()
-        tokens = (
-            _ambient.run_var.set(state),
-            _ambient.facade_var.set(self.jobs),
-            _ambient.actor_var.set(Actor.from_json(state.claimed.actor)),
-            _ambient.tx_var.set(None),
-        )
+        state.verdict = (None, None, None)
+        acking = False
+        landed = False
+        output: Any = None
         try:
             # Shielded: the body stops only through its signal (the timeout, a drain,
             # a lost lease, a cancel), so it always hears the reason before it sees
@@ -1034,24 +1128,69 @@ class Worker:
             # through _watch_cancel, which aborts it with X_DRAINING.
             with trio.CancelScope(deadline=deadline, shield=True) as scope:
                 state.signal._attach(scope, deadline)
+                result, exc, handback = await self._body(held, state, fn)
+                state.verdict = (result, exc, handback)
+                if (
+                    exc is not None
+                    or handback is not None
+                    or state.lost
+                    or held.phase is not Phase.RUNNING
+                    or state.signal.reason is not None
+                ):
+                    return None
                 try:
-                    result = await _call(fn)
-                except (Handback, InfraFault) as hb:
-                    handback = hb
-                except (LeaseLost, ReplayStop):
-                    pass
-                except trio.Cancelled:
-                    raise
-                except BaseException as err:
-                    found = unwrap(err)
-                    if isinstance(found, Handback | InfraFault):
-                        handback = found
-                    elif isinstance(found, LeaseLost | ReplayStop):
-                        pass
-                    elif isinstance(found, KeyboardInterrupt | SystemExit):
-                        raise
-                    else:
-                        exc = found
+                    output = json_form(result)
+                except UnserializableError:
+                    return None
+                await state.hit("before-settle", None)
+                # The ack's write budget on the same scope; an abort from here on
+                # (a drain, a lost lease) no longer cancels it: the body is done.
+                state.signal._detach(scope)
+                scope.deadline = trio.current_time() + WRITE_BUDGET
+                ack = AckOptions(
+                    fence=claimed.fence,
+                    result=output,
+                    duration=trio.current_time() - started,
+                    progress=state.progress,
+                )
+                acking = True
+                landed = await self._settle_write(
+                    claimed, "ack", lambda: self.driver.ack(claimed.id, ack), held, scope=scope
+                )
+        except trio.Cancelled:
+            # The worker's own scope is going away: a drain with no budget.
+            held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
+            with _bounded_shield():
+                if not state.lost and not acking:
+                    await self._nack(
+                        held,
+                        NackOptions(
+                            fence=state.claimed.fence,
+                            state="ready",
+                            counted=False,
+                            progress=state.progress,
+                        ),
+                    )
+                    self._count("drained", held, ErrorCode.X_DRAINING)
+            raise
+        if not acking:
+            return None  # the scope was cancelled under the body: its verdict is slower
+        return landed, output
+
+    async def _guarded(
+        self, held: Attempt, state: RunState, fn: Callable[[], Any]
+    ) -> tuple[Any, BaseException | None, Handback | InfraFault | None]:
+        """Run ``fn`` (a compensator, a replay) in a cancel scope of its own with
+        the ambient context set; answers what :meth:`_body` answers."""
+        handle = state.handle
+        deadline = trio.current_time() + handle.timeout if handle.timeout is not None else math.inf
+        result: Any = None
+        exc: BaseException | None = None
+        handback: Handback | InfraFault | None = None
+        try:
+            with trio.CancelScope(deadline=deadline, shield=True) as scope:
+                state.signal._attach(scope, deadline)
+                result, exc, handback = await self._body(held, state, fn)
         except trio.Cancelled:
             # The worker's own scope is going away: a drain with no budget.
             held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
@@ -1068,6 +1207,44 @@ class Worker:
                     )
                     self._count("drained", held, ErrorCode.X_DRAINING)
             raise
+        return result, exc, handback
+
+    async def _body(
+        self, held: Attempt, state: RunState, fn: Callable[[], Any]
+    ) -> tuple[Any, BaseException | None, Handback | InfraFault | None]:
+        """Run ``fn`` with the ambient context set, inside the caller's shielded
+        scope. Answers its result, the body's own exception, or how the run was
+        handed back without a verdict: a sleep or a wait (:class:`Handback`), or
+        an infrastructure fault the library's statements met (:class:`InfraFault`).
+        The scope's own cancellation propagates (the caller's ``with`` absorbs it)."""
+        result: Any = None
+        exc: BaseException | None = None
+        handback: Handback | InfraFault | None = None
+        held.start()
+        tokens = (
+            _ambient.run_var.set(state),
+            _ambient.facade_var.set(self.jobs),
+            _ambient.actor_var.set(state.actor),
+            _ambient.tx_var.set(None),
+        )
+        try:
+            result = await _call(fn)
+        except (Handback, InfraFault) as hb:
+            handback = hb
+        except (LeaseLost, ReplayStop):
+            pass
+        except trio.Cancelled:
+            raise
+        except BaseException as err:
+            found = unwrap(err)
+            if isinstance(found, Handback | InfraFault):
+                handback = found
+            elif isinstance(found, LeaseLost | ReplayStop):
+                pass
+            elif isinstance(found, KeyboardInterrupt | SystemExit):
+                raise
+            else:
+                exc = found
         finally:
             _ambient.run_var.reset(tokens[0])
             _ambient.facade_var.reset(tokens[1])
@@ -1086,6 +1263,7 @@ class Worker:
                 logging.WARNING,
                 "jobs.timeout.abandoned",
                 job_id=claimed.id,
+                job=claimed.name,
                 attempt=claimed.attempt,
                 how=how,
                 code=state.signal.reason.code if state.signal.reason else None,
@@ -1144,37 +1322,25 @@ class Worker:
         write: str,
         call: Callable[[], Awaitable[bool]],
         held: Attempt | None = None,
+        *,
+        scope: trio.CancelScope | None = None,
     ) -> bool:
-        """One settle (``write``: ack or nack), shielded on the write budget. A
-        transient driver failure is retried within the budget while the lease
-        holds as this worker knows it (``_write_retry``); the driver recognises a
-        retry whose first try landed, so a landed settle is never called unowned."""
+        """One settle (``write``: ack or nack), shielded on the write budget: the
+        attempt's own ``scope`` when the caller set its deadline to the budget,
+        else a scope of its own. A transient driver failure is retried within
+        the budget while the lease holds as this worker knows it
+        (``_write_retry``); the driver recognises a retry whose first try
+        landed, so a landed settle is never called unowned."""
         landed = False
         gone = self._lease_gone(held)  # (before the move: it notes a loss known now)
         if held is not None:
             held.settling()
         try:
-            with _bounded_shield() as scope:
-                try:
-                    landed = bool(
-                        await write_retrying(
-                            call,
-                            deadline=scope.deadline,
-                            gone=gone,
-                            about=lambda: (
-                                f"{claimed.id}:{claimed.fence.claim}",
-                                "jobs.settle.retry",
-                                {
-                                    "job_id": claimed.id,
-                                    "attempt": claimed.attempt,
-                                    "worker_id": self.id,
-                                    "write": write,
-                                },
-                            ),
-                        )
-                    )
-                except JobsError as exc:
-                    _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
+            if scope is not None:
+                landed = await self._write(claimed, write, call, gone, scope.deadline)
+            else:
+                with _bounded_shield() as own:
+                    landed = await self._write(claimed, write, call, gone, own.deadline)
         finally:
             if held is not None:
                 if landed:
@@ -1186,6 +1352,37 @@ class Worker:
                     held.move(Phase.LOST)  # unowned: the caller says so
         return landed
 
+    async def _write(
+        self,
+        claimed: ClaimedJob,
+        write: str,
+        call: Callable[[], Awaitable[bool]],
+        gone: Callable[[], bool],
+        deadline: float,
+    ) -> bool:
+        try:
+            return bool(
+                await write_retrying(
+                    call,
+                    deadline=deadline,
+                    gone=gone,
+                    about=lambda: (
+                        f"{claimed.id}:{claimed.fence.claim}",
+                        "jobs.settle.retry",
+                        {
+                            "job_id": claimed.id,
+                            "job": claimed.name,
+                            "attempt": claimed.attempt,
+                            "worker_id": self.id,
+                            "write": write,
+                        },
+                    ),
+                )
+            )
+        except JobsError as exc:
+            _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
+            return False
+
     def _count(
         self,
         key: str,
@@ -1194,9 +1391,11 @@ class Worker:
         *,
         queue: str = "",
         name: str = "",
+        error: str | None = None,
     ) -> None:
         """Count an ending in :meth:`stats`, tell the observer, and keep it on
-        ``held`` for the attempt's span."""
+        ``held`` for the attempt's span; ``error``: the failure's message, whose
+        first line the ending's log line carries (:meth:`_error`)."""
         self._counts[key] += 1
         if held is not None:
             queue, name = held.claimed.queue, held.claimed.name
@@ -1211,13 +1410,26 @@ class Worker:
                 logged[0],
                 logged[1],
                 job_id=held.claimed.id,
+                job=name,
                 attempt=held.claimed.attempt,
                 # a run that spent its attempts on errors without a code died of that
                 code=code if code is not None or key == "retried" else ErrorCode.X_JOB_MAX_ATTEMPTS,
+                error=self._error(self.jobs.handle(name), error, held.claimed),
                 queue=queue,
-                job=name,
                 worker_id=self.id,
             )
+
+    @staticmethod
+    def _error(
+        handle: Job[Any, Any] | None, message: str | None, claimed: ClaimedJob
+    ) -> str | None:
+        """What a log line may say of a failure: the first line of its message,
+        with the job's payload and keys that it quotes redacted; nothing for a
+        job declared ``sensitive`` (or one this worker does not know)."""
+        if message is None or handle is None or handle.sensitive:
+            return None
+        secrets = (claimed.payload, claimed.idempotency_key, claimed.concurrency_key)
+        return error_line(message, redact=secrets)
 
     def _unowned(self, held: Attempt) -> None:
         if held.outcome is None:
@@ -1226,6 +1438,7 @@ class Worker:
             logging.WARNING,
             "jobs.settle.unowned",
             job_id=held.claimed.id,
+            job=held.claimed.name,
             attempt=held.claimed.attempt,
             code=ErrorCode.X_JOB_LEASE_LOST,
             worker_id=self.id,
@@ -1286,7 +1499,7 @@ class Worker:
                 duration=duration,
             ),
         ):
-            self._count("faulted", held, error.code)
+            self._count("faulted", held, error.code, error=message)
 
     async def _fail(
         self,
@@ -1308,7 +1521,7 @@ class Worker:
         )
         if decision.retry is not None:
             if await self._nack(held, decision.retry):
-                self._count("retried", held, decision.code)
+                self._count("retried", held, decision.code, error=decision.message)
             return
         if handle is not None and handle.compensates and state is not None and state.compensators:
             await unwind(self, held, handle, state, (decision.code, decision.message))
@@ -1340,7 +1553,7 @@ class Worker:
         )
         if not landed:
             return
-        self._count("failed" if drop else "dead_lettered", held, code)
+        self._count("failed" if drop else "dead_lettered", held, code, error=message)
         if handle is not None:
             outcome = Outcome.DROPPED if drop else Outcome.DEAD_LETTERED
             await self._on_settled(
@@ -1353,6 +1566,8 @@ class Worker:
             logging.WARNING,
             "jobs.claim.exhausted",
             job_id=ex.id,
+            job=ex.name,
+            error=error_line(ex.last_error),
             attempt=ex.attempt,
             queue=ex.queue,
             code=ex.error_code,
@@ -1424,6 +1639,7 @@ class Worker:
             logging.ERROR,
             "jobs.on_settled.failed",
             job_id=settled.job_id,
+            job=handle.name,
             attempt=attempt,
             code=ErrorCode.X_JOB_ON_SETTLED_FAILED,
             cause=type(last).__name__ if last is not None else "timeout",

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import trio
 
 from .errors import ErrorCode, JobsError
+from .logging import emit
 
 __all__ = [
     "RETRY_BASE",
@@ -103,15 +104,11 @@ async def retry_transient(
         delay = retry_delay(key, retry)
         if gone() or trio.current_time() + delay >= deadline:
             raise last
-        log.warning(
+        emit(
+            log,
+            logging.WARNING,
             event,
-            extra={
-                "event": event,
-                **fields,
-                "code": last.code,
-                "retry": retry,
-                "retry_in": round(delay, 3),
-            },
+            **{**fields, "code": last.code, "retry": retry, "retry_in": round(delay, 3)},
         )
         await trio.sleep(delay)
         if gone():

@@ -44,6 +44,9 @@ class ErrorCode(enum.StrEnum):
     X_FORBIDDEN = "X_FORBIDDEN"
     X_IDEMPOTENCY_CONFLICT = "X_IDEMPOTENCY_CONFLICT"
     X_IDEMPOTENCY_REQUIRED = "X_IDEMPOTENCY_REQUIRED"
+    #: An addition to the spec's codes: a job id prefix that matches more than
+    #: one job (``jobs.show("6b63347c")``, ``trio-jobs show 6b63347c``).
+    X_ID_AMBIGUOUS = "X_ID_AMBIGUOUS"
     X_ID_INVALID = "X_ID_INVALID"
     X_IMPORT_HEADER_MISMATCH = "X_IMPORT_HEADER_MISMATCH"
     X_IMPORT_RECORD_TOO_LARGE = "X_IMPORT_RECORD_TOO_LARGE"

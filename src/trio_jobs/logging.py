@@ -1,44 +1,68 @@
 """Structured logs: the events trio-jobs emits, and a JSON-lines renderer for them.
 
 trio-jobs logs through the standard library, on the ``trio_jobs`` logger (and
-its children ``trio_jobs.postgres``, ``trio_jobs.outbox``, ...). Every record's
-message is an event name (``jobs.lease.lost``) and its fields are attributes
-of the record (``record.job_id``); :data:`EVENTS` lists them. A job's event
-carries ``job_id``, ``attempt`` and ``code``; no record ever carries a payload
-value, an idempotency key or an exception's message.
+its children ``trio_jobs.postgres``, ``trio_jobs.outbox``, ...). Every record
+carries its event name (``jobs.lease.lost``) as ``record.event`` and its fields
+as attributes of the record (``record.job_id``); :data:`EVENTS` lists them.
+The record's message is one line that says it all, for an app that configured
+no logging (Python prints warnings bare) or a plain ``basicConfig``::
+
+    jobs.job.dead-lettered: job charge 6b63347c (attempt 3): failed for good and is dead-lettered; `trio-jobs show 6b63347c`, then `trio-jobs retry 6b63347c` — X_JOB_MAX_ATTEMPTS: RuntimeError: card declined (queue=default, worker_id=…)
+
+An event about one job carries ``job_id``, ``job`` (its name), ``attempt`` and
+``code`` (``null`` for an exception without one), and ``error``: the first line
+of the error's message, at most 200 characters, for a job not declared
+``sensitive`` (never for a sensitive one), with any payload value, idempotency
+key or concurrency key that line quotes replaced by ``[redacted]``. No record
+carries a payload value, and an exception rendered with a record shows its type
+and frames, never its message.
 
 >>> import trio_jobs.logging
 >>> trio_jobs.logging.configure(json=True)      # one JSON object a line, on stderr
-{"ts":"2026-11-29T19:49:11.123Z","level":"error","logger":"trio_jobs","event":"jobs.lease.lost","job_id":"…","attempt":2,"queue":"default","code":"X_JOB_LEASE_LOST","worker_id":"…"}
+{"ts":"2026-11-29T19:49:11.123Z","level":"error","logger":"trio_jobs","event":"jobs.lease.lost","job_id":"…","job":"charge","attempt":2,"queue":"default","code":"X_JOB_LEASE_LOST","worker_id":"…"}
 """
 
 from __future__ import annotations
 
 import logging
+import string
 import sys
 import traceback
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
 
-__all__ = ["EVENTS", "JOB_FIELDS", "JsonFormatter", "TextFormatter", "configure", "fields_of"]
+__all__ = [
+    "EVENTS",
+    "JOB_FIELDS",
+    "SUMMARIES",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure",
+    "emit",
+    "error_line",
+    "fields_of",
+    "summary",
+]
 
-#: The fields every event about one job carries.
-JOB_FIELDS: tuple[str, ...] = ("job_id", "attempt", "code")
+#: The fields every event about one job carries (``code`` may be ``None``: an
+#: exception without one).
+JOB_FIELDS: tuple[str, ...] = ("job_id", "job", "attempt", "code")
 
 #: Every event trio-jobs logs: ``name -> (level, fields, meaning)``. The
 #: events about one job carry :data:`JOB_FIELDS` among their fields.
 EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "jobs.lease.lost": (
         "error",
-        ("job_id", "attempt", "code", "queue", "worker_id"),
+        ("job_id", "job", "attempt", "code", "queue", "worker_id"),
         "a whole visibility window passed with no renewal landing: another worker may "
         "now run the job too (also one point on job_leases_lost_total{queue}); alert on any",
     ),
     "jobs.heartbeat.failed": (
         "warning",
-        ("job_id", "attempt", "code", "worker_id", "cause"),
+        ("job_id", "job", "attempt", "code", "worker_id", "cause"),
         "one renewal failed or hung; the window still has room for the next",
     ),
     "jobs.heartbeat.retry": (
@@ -51,18 +75,18 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.timeout.abandoned": (
         "warning",
-        ("job_id", "attempt", "code", "how"),
+        ("job_id", "job", "attempt", "code", "how"),
         "a body ignored its abort (timeout, drain, lost lease) and ended anyway; its lease "
         "lapses and the queue redelivers it",
     ),
     "jobs.drain.abandoned": (
         "warning",
-        ("job_id", "attempt", "code"),
+        ("job_id", "job", "attempt", "code"),
         "a body still running at the drain deadline; its lease lapses and the attempt counts",
     ),
     "jobs.settle.unowned": (
         "warning",
-        ("job_id", "attempt", "code", "worker_id"),
+        ("job_id", "job", "attempt", "code", "worker_id"),
         "a settle (ack/nack) did not land: the claim is no longer this worker's",
     ),
     "jobs.settle.failed": (
@@ -72,14 +96,14 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.settle.retry": (
         "warning",
-        ("job_id", "attempt", "code", "worker_id", "write", "retry", "retry_in"),
+        ("job_id", "job", "attempt", "code", "worker_id", "write", "retry", "retry_in"),
         "a settle (write: ack or nack) met a driver that is briefly unavailable "
         "(X_DRIVER_UNAVAILABLE): retry number `retry` follows in `retry_in` seconds, within "
         "the 10 s write budget and while the lease holds; jobs.settle.failed if it never lands",
     ),
     "jobs.step.retry": (
         "warning",
-        ("job_id", "attempt", "code", "worker_id", "retry", "retry_in"),
+        ("job_id", "job", "attempt", "code", "worker_id", "retry", "retry_in"),
         "a step record, step.transaction's transaction or an event poll met a transient driver "
         "failure (X_DRIVER_UNAVAILABLE, X_DRIVER_CONFLICT): retry number `retry` follows in "
         "`retry_in` seconds, within the write budget and while the lease holds; past the budget "
@@ -94,18 +118,19 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.claim.exhausted": (
         "warning",
-        ("job_id", "attempt", "code", "queue", "worker_id"),
+        ("job_id", "job", "attempt", "code", "error", "queue", "worker_id"),
         "a lease lapsed on the row's final attempt: the claim buried it dead (or failed)",
     ),
     "jobs.attempt.retried": (
         "info",
-        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        ("job_id", "job", "attempt", "code", "error", "queue", "worker_id"),
         "an attempt failed and the run goes back to the queue after its backoff (code: the "
-        "failure's X_* code, null for an exception without one)",
+        "failure's X_* code, null for an exception without one; error: the first line of its "
+        "message, e.g. `RuntimeError: card declined`)",
     ),
     "jobs.attempt.faulted": (
         "warning",
-        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        ("job_id", "job", "attempt", "code", "error", "queue", "worker_id"),
         "the library's own statements for a run (a step record, step.transaction's "
         "transaction, an event poll) met an infrastructure fault (X_DRIVER_UNAVAILABLE: a lost "
         "connection, a restart; X_DRIVER_CONFLICT: a deadlock, a serialization failure) and "
@@ -114,13 +139,13 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.job.dead-lettered": (
         "warning",
-        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        ("job_id", "job", "attempt", "code", "error", "queue", "worker_id"),
         "a run failed for good and is dead-lettered (X_JOB_MAX_ATTEMPTS when its last "
         "error had no code); `trio-jobs show ID`, then `trio-jobs retry ID`",
     ),
     "jobs.job.failed": (
         "warning",
-        ("job_id", "attempt", "code", "queue", "job", "worker_id"),
+        ("job_id", "job", "attempt", "code", "error", "queue", "worker_id"),
         "a run ended failed: dropped (dead_letter=False) or refused (X_JOB_KEY_BUSY)",
     ),
     "jobs.claim.failed": (
@@ -130,12 +155,12 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.on_settled.failed": (
         "error",
-        ("job_id", "attempt", "code", "cause"),
+        ("job_id", "job", "attempt", "code", "cause"),
         "an on_settled hook failed three times (X_JOB_ON_SETTLED_FAILED); the row is untouched",
     ),
     "jobs.worker.slot-failed": (
         "error",
-        ("job_id", "attempt"),
+        ("job_id", "job", "attempt"),
         "an internal error in a slot (a bug): the job's lease lapses and it is redelivered",
     ),
     "jobs.observer.failed": (
@@ -160,6 +185,7 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "error",
         (
             "job_id",
+            "job",
             "attempt",
             "code",
             "row_id",
@@ -254,6 +280,12 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "every child has exited: outcome drained (exit 0), abandoned (3) or refused (the child's "
         "code)",
     ),
+    "jobs.queue.unknown": (
+        "warning",
+        ("queue", "command"),
+        "a command named a queue no job declares and no job is in (`trio-jobs pause`, "
+        "`trio-jobs worker --queues`): a typo pauses or serves nothing; it is done all the same",
+    ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
     "jobs.dashboard.action": (
@@ -262,6 +294,184 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "an operator acted from the dashboard (code: the refusal, when refused)",
     ),
 }
+
+#: What happened, in words, per event: the middle of the record's one-line
+#: message (:func:`summary`). ``{field}`` is the event's field, ``{short}`` the
+#: first 8 characters of ``job_id`` (what ``trio-jobs show`` takes).
+SUMMARIES: dict[str, str] = {
+    "jobs.lease.lost": "its lease lapsed with no renewal landing; another worker may run it too",
+    "jobs.heartbeat.failed": "a lease renewal failed ({cause}); the next one may still land",
+    "jobs.heartbeat.retry": (
+        "renewing {jobs} lease(s) met a transient driver failure; retry {retry} in {retry_in}s"
+    ),
+    "jobs.timeout.abandoned": (
+        "its body ignored its abort and ended anyway ({how}); the queue redelivers it"
+    ),
+    "jobs.drain.abandoned": (
+        "still running at the drain deadline: abandoned; its lease lapses and the attempt counts"
+    ),
+    "jobs.settle.unowned": "its settle did not land: the claim is no longer this worker's",
+    "jobs.settle.failed": "the driver failed a settle write",
+    "jobs.settle.retry": "its {write} met an unavailable driver; retry {retry} in {retry_in}s",
+    "jobs.step.retry": "a step write met a transient driver failure; retry {retry} in {retry_in}s",
+    "jobs.claim.orphans-released": (
+        "{count} job(s) a claim took while its answer was lost went back to the queue, "
+        "their attempt uncounted"
+    ),
+    "jobs.claim.exhausted": "its lease lapsed on its final attempt; the claim buried it",
+    "jobs.attempt.retried": "failed; it runs again after its backoff",
+    "jobs.attempt.faulted": (
+        "met an infrastructure fault; handed back to the queue with the attempt uncounted"
+    ),
+    "jobs.job.dead-lettered": (
+        "failed for good and is dead-lettered; `trio-jobs show {short}`, then "
+        "`trio-jobs retry {short}`"
+    ),
+    "jobs.job.failed": "ended failed (dropped, or refused)",
+    "jobs.claim.failed": "a claim failed; the worker backs off and polls again",
+    "jobs.on_settled.failed": (
+        "its on_settled hook failed three times ({cause}); the row is untouched"
+    ),
+    "jobs.worker.slot-failed": (
+        "an internal error in its slot (a bug); its lease lapses and it is redelivered"
+    ),
+    "jobs.observer.failed": "a WorkerObserver raised in {method} ({cause}); the job is unaffected",
+    "jobs.wake.live": "the wake on {channel} is proven: idle workers poll every 5 s at most",
+    "jobs.wake.unverified": "a wake probe on {channel} never came back; the 2 s poll ceiling stays",
+    "jobs.wake.reconnect": "the wake session could not connect; retrying in {retry_in}s",
+    "jobs.wake.lost": "the wake session dropped; polling covers the gap",
+    "jobs.outbox.publish-failed": "the outbox relay could not publish its staged row {row_id}",
+    "jobs.outbox.relay-failed": "an outbox relay pass failed; it backs off",
+    "jobs.outbox.purge-failed": "purging published outbox rows failed",
+    "jobs.purge.done": "retention removed {removed} expired job(s)",
+    "jobs.purge.failed": "a retention pass failed",
+    "jobs.purge.unsupported": "the {driver} driver cannot purge expired jobs",
+    "jobs.worker.ready": "worker {worker_id} is claiming from {queues} (slots {slots})",
+    "jobs.worker.draining": "got {signal}: stops claiming and drains {in_flight} held job(s)",
+    "jobs.worker.drained": "worker {worker_id} drained",
+    "jobs.worker.abandoned": "worker {worker_id} gave up on its held jobs ({reason})",
+    "jobs.worker.orphaned": "its supervisor is gone: the worker drains itself",
+    "jobs.supervisor.started": "the supervisor starts {processes} worker process(es)",
+    "jobs.supervisor.child-started": "worker process {pid} started in slot {slot}",
+    "jobs.supervisor.child-exited": (
+        "worker process {pid} in slot {slot} ended; it restarts in {restart_in}s"
+    ),
+    "jobs.supervisor.child-restarted": "worker process {pid} replaced {previous_pid}",
+    "jobs.supervisor.child-refused": (
+        "worker process {pid} in slot {slot} refused its configuration; stopping them all"
+    ),
+    "jobs.supervisor.draining": "draining {children} worker process(es) ({reason})",
+    "jobs.supervisor.abandoning": (
+        "a second signal: {children} worker process(es) abandon their jobs ({reason})"
+    ),
+    "jobs.supervisor.child-killed": (
+        "worker process {pid} in slot {slot} still ran {waited}s into the drain: killed"
+    ),
+    "jobs.supervisor.stopped": "every worker process has exited: {outcome}",
+    "jobs.dev.database": "`trio-jobs dev` uses {database}",
+    "jobs.dev.serving": "{note}",
+    "jobs.dashboard.action": "an operator acted from the dashboard: {action}",
+    "jobs.queue.unknown": (
+        "no job declares queue {queue} and no job is in it; check its name "
+        "(`trio-jobs stats` lists the queues)"
+    ),
+}
+
+#: How much of an error's first line a record carries.
+ERROR_LINE_MAX = 200
+#: A payload string shorter than this is not looked for in an error line (a
+#: two-letter value would redact half the line).
+_REDACT_MIN = 4
+_REDACTED = "[redacted]"
+_FORMAT = string.Formatter()
+
+
+def error_line(message: str | None, *, redact: Iterable[Any] = ()) -> str | None:
+    """The first line of an error message, at most :data:`ERROR_LINE_MAX`
+    characters, for a log record: every string (and number) found in
+    ``redact``, a job's payload and keys as stored, that the line quotes is
+    replaced by ``[redacted]``. ``None`` for no message."""
+    if message is None:
+        return None
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    secrets = sorted({v for v in _leaves(redact) if len(v) >= _REDACT_MIN}, key=len, reverse=True)
+    for secret in secrets:
+        if secret in line:
+            line = line.replace(secret, _REDACTED)
+    if len(line) > ERROR_LINE_MAX:
+        line = line[: ERROR_LINE_MAX - 1] + "…"
+    return line or None
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    """The string and number leaves of a JSON form (and their keys' values)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int | float):
+            yield str(item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+
+
+def summary(event: str, fields: Mapping[str, Any]) -> str:
+    """The one-line message of an event: ``event: [job NAME SHORT_ID (attempt
+    N): ]what happened[ — CODE: the error's first line][ (other fields)]``.
+
+    >>> summary("jobs.attempt.retried", {"job_id": "6b63347c-1d2c-...", "job": "charge",
+    ...     "attempt": 1, "code": None, "error": "RuntimeError: card declined"})
+    'jobs.attempt.retried: job charge 6b63347c (attempt 1): failed; it runs again after its backoff — RuntimeError: card declined'
+    """
+    fields = dict(fields)
+    used = {"job_id", "job", "attempt", "code", "error"}
+    head = event
+    job_id = fields.get("job_id")
+    short = str(job_id)[:8] if job_id else ""
+    if job_id:
+        name = fields.get("job")
+        head += f": job {name} {short}" if name else f": job {short}"
+        if fields.get("attempt") is not None:
+            head += f" (attempt {fields['attempt']})"
+    template = SUMMARIES.get(event)
+    what = ""
+    if template is not None:
+        try:
+            names = {f for _text, f, _spec, _conv in _FORMAT.parse(template) if f}
+            what = template.format_map({**fields, "short": short})
+            used |= names
+        except (KeyError, ValueError, IndexError, AttributeError):
+            what = ""  # a field the template names is missing: the fields say it below
+    line = head + (f": {what}" if what else "")
+    code, error = fields.get("code"), fields.get("error")
+    if error:
+        line += f" — {error}" if code is None or str(code) in str(error) else f" — {code}: {error}"
+    elif code is not None:
+        line += f" — {code}"
+    rest = [f"{k}={v}" for k, v in fields.items() if k not in used and v is not None]
+    if rest:
+        line += " (" + ", ".join(rest) + ")"
+    return line
+
+
+def emit(
+    logger: logging.Logger, level: int, event: str, *, exc_info: bool = False, **fields: Any
+) -> None:
+    """Log ``event`` on ``logger``: its fields as the record's attributes (and
+    ``record.event``), its message the one line :func:`summary` makes of them,
+    so a record printed without any configuration still says which job, what
+    happened and why. ``exc_info``: attach the exception being handled (its
+    type and frames are rendered, never its message)."""
+    if logger.isEnabledFor(level):
+        logger.log(
+            level, summary(event, fields), extra={"event": event, **fields}, exc_info=exc_info
+        )
+
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message",

@@ -323,9 +323,27 @@ def _is_uuid(text: str) -> bool:
     return True
 
 
-not_an_id = hostile.filter(lambda s: not _is_uuid(s))
-#: A well-formed id no seeded job has (answered by the database).
-absent_id = st.uuids().map(str) | st.uuids().map(lambda u: "{" + str(u).upper() + "}")
+def _is_prefix(text: str) -> bool:
+    """The start of a canonical id, 8 characters or more: the database resolves it."""
+    template = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    lower = text.lower()
+    return 8 <= len(lower) < 36 and all(
+        c == "-" if t == "-" else c in "0123456789abcdef"
+        for c, t in zip(lower, template[: len(lower)], strict=True)
+    )
+
+
+def _names_a_row(text: str) -> bool:
+    return _is_uuid(text) or _is_prefix(text)
+
+
+not_an_id = hostile.filter(lambda s: not _names_a_row(s))
+#: A well-formed id (or id prefix) no seeded job has (answered by the database).
+absent_id = (
+    st.uuids().map(str)
+    | st.uuids().map(lambda u: "{" + str(u).upper() + "}")
+    | st.uuids().flatmap(lambda u: st.integers(8, 35).map(lambda n: "ffff" + str(u)[4:n]))
+)
 bad_id = not_an_id | absent_id
 
 bad_queue = hostile.filter(lambda s: not QUEUE_RE.fullmatch(s))
@@ -390,19 +408,20 @@ def test_a_bad_job_id_is_refused_and_writes_nothing(
         )
     )
     dsn = data.draw(st.sampled_from([world.dsn, world.dsn, UNREACHABLE]))
-    if dsn == UNREACHABLE and _is_uuid(job_id):
+    if dsn == UNREACHABLE and _names_a_row(job_id):
         dsn = world.dsn  # a well-formed id needs the database to be told apart
     out = refused_writing_nothing(
         world,
         [*command, *(["--json"] if as_json else [])],
         dsn=dsn,
-        codes={"X_JOB_NOT_FOUND", "X_CONFIG_INVALID"},
-        before_io=not _is_uuid(job_id),
+        codes={"X_JOB_NOT_FOUND", "X_ID_INVALID", "X_CONFIG_INVALID"},
+        before_io=not _names_a_row(job_id),
     )
-    if _is_uuid(job_id):
+    if _names_a_row(job_id):
         assert out.code == "X_JOB_NOT_FOUND"
     elif not job_id.startswith("-"):
         assert out.exit_code == 1
+        assert out.code in ("X_ID_INVALID", "X_CONFIG_INVALID")  # a NUL, not UTF-8: the text
 
 
 # --------------------------------------------------------------------------- names
@@ -426,9 +445,9 @@ def test_a_name_no_job_can_have_is_refused_before_any_io(
                 ["pause", queue],
                 ["resume", queue],
                 ["counters", "--job", name],
-                ["remove", "--state", state, "--queue", queue],
-                ["remove", "--state", state, "--name", name],
-                ["requeue", "--state", state, "--tenant", tenant],
+                ["remove", "--state", state, "--queue", queue, "--yes"],
+                ["remove", "--state", state, "--name", name, "--dry-run"],
+                ["requeue", "--state", state, "--tenant", tenant, "--yes"],
                 ["requeue", "--state", "dead", "--queue", queue, "--name", "webhooks.deliver"],
                 ["promote", "--state", "delayed", "--queue", queue],
                 ["promote", "--state", "delayed", "--name", name],
@@ -611,8 +630,11 @@ def test_a_call_on_a_job_in_the_wrong_state_is_refused_and_writes_nothing(
                 (["promote", finished], {"X_INVARIANT"}),
                 (["resolve-step", finished, step, "--not-ran"], {"X_INVARIANT"}),
                 (["resolve-step", delayed, step, "--ran"], {"X_INVARIANT"}),
-                (["remove", "--state", "running"], {"X_JOB_NOT_REMOVABLE"}),
-                (["remove", "--state", "running", "--queue", "emails"], {"X_JOB_NOT_REMOVABLE"}),
+                (["remove", "--state", "running", "--yes"], {"X_JOB_NOT_REMOVABLE"}),
+                (
+                    ["remove", "--state", "running", "--queue", "emails", "--yes"],
+                    {"X_JOB_NOT_REMOVABLE"},
+                ),
             ]
         )
     )
@@ -782,7 +804,8 @@ def _dsn_shapes() -> st.SearchStrategy[str]:
             ["workers"],
             ["list", "--state", "dead"],
             ["pause", "emails"],
-            ["requeue", "--state", "dead"],
+            ["requeue", "--state", "dead", "--yes"],
+            ["requeue", "--state", "dead", "--dry-run"],
         ]
     ),
     via_env=st.booleans(),
@@ -1031,7 +1054,8 @@ def test_the_refusals_say_what_to_do(world: World) -> None:
     not_utf8 = call("list", "--tenant", "org-\udcff", "--database-url", UNREACHABLE)
     assert not_utf8.message.startswith("--tenant is not valid UTF-8")
     not_an_id = call("show", "42", "--database-url", UNREACHABLE)
-    assert (not_an_id.code, not_an_id.exit_code) == ("X_JOB_NOT_FOUND", 1)
+    assert (not_an_id.code, not_an_id.exit_code) == ("X_ID_INVALID", 1)
+    assert "or its first 8 or more characters" in not_an_id.message
     relative = call("worker", ".jobs", "--database-url", UNREACHABLE)
     assert relative.message.startswith("name the jobs as MODULE or MODULE:ATTR")
     host = call("dashboard", "--host", f"{DSN_PASSWORD}.example", "--database-url", UNREACHABLE)

@@ -277,6 +277,11 @@ def test_show_gives_every_jobview_field_and_redacts_a_sensitive_job(world: World
     assert [s["output"] for s in hidden["steps"]] == ["[redacted]"]
     assert hidden["error_code"] == "X_CARD_DECLINED"  # the reason stays visible
     assert "declined" in hidden["last_error"]
+    # the attempt log: each claim's outcome and code; a sensitive job's lines hidden
+    assert [
+        (a["attempt"], a["outcome"], a["error_code"], a["error"]) for a in hidden["attempt_log"]
+    ] == [(1, "dead", "X_CARD_DECLINED", "[redacted]")]
+    assert [(a["attempt"], a["outcome"]) for a in view["attempt_log"]] == [(1, "done")]
 
     text = human_secret.stdout
     assert human_secret.code == 0
@@ -295,7 +300,7 @@ def test_show_gives_every_jobview_field_and_redacts_a_sensitive_job(world: World
     assert waiting["next_retry"] == waiting["run_at"] > waiting["created_at"] + 3500
 
     refused(missing, "X_JOB_NOT_FOUND")
-    refused(missing_json, "X_JOB_NOT_FOUND", as_json=True)
+    refused(missing_json, "X_ID_INVALID", as_json=True)  # not an id, nor the start of one
 
 
 def test_a_row_that_does_not_say_whether_it_is_sensitive_is_redacted(world: World) -> None:
@@ -469,7 +474,7 @@ def test_bulk_promote_remove_and_requeue_loop_until_nothing_remains(world: World
     assert "0 remaining" in promoted.stdout
     assert f"{world.digests}/{world.digests}" in promoted.stderr  # the progress bar's last frame
 
-    removed = cli(world, "remove", "--state", "ready", "--queue", "digests", "--json")
+    removed = cli(world, "remove", "--state", "ready", "--queue", "digests", "--yes", "--json")
     assert removed.json == {
         "ok": True,
         "action": "remove",
@@ -489,6 +494,7 @@ def test_bulk_promote_remove_and_requeue_loop_until_nothing_remains(world: World
         "webhooks",
         "--name",
         "webhooks.deliver",
+        "--yes",
         "--json",
     )
     assert (requeued.json["affected"], requeued.json["remaining"], requeued.json["calls"]) == (
@@ -504,7 +510,7 @@ def test_bulk_promote_remove_and_requeue_loop_until_nothing_remains(world: World
         ["requeue", "--queue", "webhooks"],
         ["remove", world.charge, "--state", "dead"],
         ["promote", "--state", "delayed", "--queue", "nothing-here", "--json"],
-        ["remove", "--state", "running", "--json"],
+        ["remove", "--state", "running", "--yes", "--json"],
     )
     refused(no_state, "X_CONFIG_INVALID")
     refused(one_and_many, "X_CONFIG_INVALID")

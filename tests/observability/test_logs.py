@@ -35,13 +35,13 @@ class Card:
 
 
 def records(caplog: Any, event: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.getMessage() == event]
+    return [r for r in caplog.records if getattr(r, "event", None) == event]
 
 
 def check_event(record: logging.LogRecord, job_id: str | None = None) -> dict[str, Any]:
     """The record is in the catalogue, at its level, with its fields and the job's
     id, attempt and code, and no payload value anywhere."""
-    event = record.getMessage()
+    event = record.event
     assert event in tj_logging.EVENTS, f"{event} is not in trio_jobs.logging.EVENTS"
     level, catalogued, _meaning = tj_logging.EVENTS[event]
     assert record.levelname.lower() == level

@@ -187,7 +187,7 @@ async def test_a_failing_observer_never_fails_a_job(autojump_clock: Any, caplog:
         async with running_worker(jobs, observer=Broken()):
             await wait_state(jobs, first.id, "done")
             await wait_state(jobs, second.id, "done")
-    reported = [r for r in caplog.records if r.getMessage() == "jobs.observer.failed"]
+    reported = [r for r in caplog.records if getattr(r, "event", None) == "jobs.observer.failed"]
     assert len(reported) == 1  # once per method, not once per call
     assert reported[0].method == "attempt_ended"  # type: ignore[attr-defined]
 

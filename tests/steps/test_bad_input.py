@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_jobs import JobContext, JobsError, Retry, job, publish_event
+from trio_jobs._validate import text_fault
 from trio_jobs.testing import open_harness
 
 
@@ -159,11 +160,17 @@ def test_an_event_name_is_checked(name: Any) -> None:
                 await publish_event(name, {"ok": True})
             except JobsError as exc:
                 assert exc.code == "X_INVARIANT"
-                assert not isinstance(name, str) or not name or len(name) > 200
+                assert (
+                    not isinstance(name, str)
+                    or not name
+                    or len(name) > 200
+                    or text_fault(name) is not None
+                )
                 assert h.driver._events == []
             else:
                 assert isinstance(name, str)
                 assert 0 < len(name) <= 200
+                assert text_fault(name) is None
 
     trio.run(main)
 
@@ -192,3 +199,57 @@ def test_a_waiting_step_refuses_a_payload_its_schema_refuses(payload: Any) -> No
             assert trace.attempts == 1
 
     trio.run(main)
+
+
+# --------------------------------------------------------------------------- what a body passes on
+
+
+def _body_refused(body: Any, code: str, phrase: str) -> None:
+    """A job whose body passes ``body(ctx)`` a value no driver could store: the
+    step refuses it with ``code`` (the run ends with it) and records nothing."""
+
+    @job(input=In, idempotency_key=lambda i: f"body:{i.n}", retry=Retry(attempts=2))
+    async def passes(ctx: JobContext[In]) -> None:
+        await body(ctx)
+
+    async def main() -> None:
+        async with open_harness(jobs=[passes]) as h:
+            trace = await h.run(passes, In(1))
+            assert trace.state == "dead"
+            assert trace.error_code == code
+            assert phrase in (trace.last_error or "")
+            assert trace.steps == {}  # no sleeping, waiting or started record
+
+    trio.run(main)
+
+
+def test_a_sleep_past_a_century_is_refused_before_it_is_recorded() -> None:
+    # 1e300 s would be a wake time no driver can store or show.
+    _body_refused(lambda ctx: ctx.step.sleep(1e300), "X_CONFIG_INVALID", "100 years")
+    _body_refused(lambda ctx: ctx.step.sleep(math.inf), "X_CONFIG_INVALID", "finite")
+
+
+def test_a_wait_with_a_timeout_past_a_century_is_refused_before_it_is_recorded() -> None:
+    _body_refused(
+        lambda ctx: ctx.step.wait_for_event("w", "paid", schema=dict, timeout=1e300),
+        "X_JOB_DECLARATION_INVALID",
+        "100 years",
+    )
+
+
+def test_a_wait_for_an_event_named_with_nul_is_refused() -> None:
+    _body_refused(
+        lambda ctx: ctx.step.wait_for_event("w", "paid\x00", schema=dict, timeout="1h"),
+        "X_JOB_DECLARATION_INVALID",
+        "NUL",
+    )
+
+
+def test_a_step_named_with_nul_is_refused() -> None:
+    async def step(ctx: Any) -> None:
+        await ctx.step.run("charge\x00card", lambda: 1)
+
+    _body_refused(step, "X_JOB_DECLARATION_INVALID", "NUL")
+    _body_refused(
+        lambda ctx: ctx.step.sleep("1s", name="nap\ud800"), "X_JOB_DECLARATION_INVALID", "surrogate"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from functools import partial
 from typing import Any
 
 import attrs
@@ -15,7 +16,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from jobs_support import Item, jobs_on_memory, running_worker, wait_state
+from jobs_support import Item, jobs_on_memory, running_worker, wait_for, wait_state
 from trio_jobs import ErrorCode, JobContext, JobsError, Retry, job
 from trio_jobs.testing import open_harness
 
@@ -445,3 +446,69 @@ async def test_wrapped_step_fns_sharing_a_decorator_each_get_their_own_signature
         trace = await h.run(wrapped, None)
     assert trace.state == "done"
     assert trace.result == ["a", "b"]
+
+
+class TestTimes:
+    """What the job page shows: each step's start and end, and the step in
+    progress, which the worker's heartbeat writes to the attempt log."""
+
+    async def test_a_step_records_when_it_started_and_ended(self, autojump_clock: Any) -> None:
+        @job(input=Item, idempotency_key=lambda i: i.key, retry=Retry(attempts=1))
+        async def timed(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("fetch", partial(trio.sleep, 3))
+            await ctx.step.run("charge", partial(trio.sleep, 2), once=True)
+
+            async def boom() -> None:
+                await trio.sleep(1)
+                raise RuntimeError("declined")
+
+            await ctx.step.run("notify", boom)
+
+        async with jobs_on_memory([timed]) as (jobs, driver):
+            start = driver.now()
+            enq = await timed.enqueue(Item("t"))
+            async with running_worker(jobs):
+                await wait_state(jobs, enq.id, "dead")
+            records = {r.name: r for r in await driver.steps.load(enq.id)}
+            [attempt] = await driver.attempt_log(enq.id)
+        fetch, charge, notify = records["fetch"], records["charge"], records["notify"]
+        for record, took in ((fetch, 3.0), (charge, 2.0), (notify, 1.0)):
+            assert record.started_at is not None
+            assert record.ended_at is not None
+            assert record.ended_at - record.started_at == pytest.approx(took, abs=0.01)
+        assert start <= attempt.started_at <= fetch.started_at
+        assert fetch.ended_at is not None
+        assert charge.started_at is not None
+        assert fetch.ended_at <= charge.started_at
+        assert notify.status == "failed"
+        assert attempt.ended_at is not None
+        assert notify.ended_at is not None
+        assert notify.ended_at <= attempt.ended_at
+
+    async def test_the_step_in_progress_reaches_the_attempt_log(self, autojump_clock: Any) -> None:
+        release = trio.Event()
+
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def slow(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("quick", lambda: 1)
+            await ctx.step.run("upload", release.wait)
+
+        async with jobs_on_memory([slow]) as (jobs, driver):
+            enq = await slow.enqueue(Item("s"))
+            async with running_worker(jobs, heartbeat_interval=2.0):
+
+                async def in_upload() -> bool:
+                    log = await driver.attempt_log(enq.id)
+                    return bool(log) and log[-1].step == "upload"
+
+                await wait_for(in_upload, timeout=60, what="the heartbeat names the step")
+                [entry] = await driver.attempt_log(enq.id)
+                [quick] = [r for r in await driver.steps.load(enq.id) if r.name == "quick"]
+                assert entry.outcome is None
+                assert entry.step_started_at is not None
+                assert quick.ended_at is not None
+                assert entry.step_started_at >= quick.ended_at
+                release.set()
+                view = await wait_state(jobs, enq.id, "done")
+        [entry] = view.attempt_log
+        assert entry.outcome == "done"

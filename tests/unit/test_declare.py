@@ -220,7 +220,8 @@ def test_durations_are_lifted_as_float_seconds(field: str, value: Any, seconds: 
 def test_a_non_positive_ceiling_is_refused_at_declaration(field: str, value: Any) -> None:
     err = refusal(**{field: value})
     assert err.meta["faults"] == [
-        f'{field} must be a positive duration ("30s", "250ms", a timedelta or seconds)'
+        f"{field} must be a positive duration of at most 100 years "
+        '("30s", "250ms", a timedelta or seconds)'
     ]
 
 
@@ -282,6 +283,9 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str]] = [
     ("name-blank", {"name": "  "}, "name must be"),
     ("name-long", {"name": "n" * 201}, "name must be"),
     ("name-int", {"name": 7}, "name must be"),
+    ("name-nul", {"name": "job\x00one"}, "name cannot be stored: it holds a NUL character"),
+    ("name-surrogate", {"name": "job\ud800"}, "name cannot be stored: it holds half of a"),
+    ("queue-nul", {"queue": "default\x00"}, "queue must be"),
     ("queue-empty", {"queue": ""}, "queue must be"),
     ("queue-space", {"queue": "my queue"}, "queue must be"),
     ("queue-long", {"queue": "q" * 129}, "queue must be"),
@@ -299,6 +303,10 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str]] = [
     ("retry-max-below-base", {"retry": Retry(base="2m", max_delay="1m")}, "retry.max_delay"),
     ("retry-base-none", {"retry": Retry(base=None)}, "retry.base"),
     ("retry-max-delay-none", {"retry": Retry(base="2h", max_delay=None)}, "retry.max_delay"),
+    ("retry-base-1e300", {"retry": Retry(base=1e300, max_delay=1e300)}, "retry.base"),
+    ("retry-max-delay-1e300", {"retry": Retry(max_delay=1e300)}, "at most 100 years"),
+    ("timeout-1e300", {"timeout": 1e300}, "timeout must be a positive duration of at most"),
+    ("event-poll-century", {"event_poll": "36526d"}, "event_poll must be"),
     ("retry-jitter", {"retry": Retry(jitter="yes")}, "retry.jitter"),  # type: ignore[arg-type]
     ("retry-dead-letter", {"retry": Retry(dead_letter=1)}, "retry.dead_letter"),  # type: ignore[arg-type]
     ("compensates", {"compensates": "yes"}, "compensates must be"),

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_jobs import ErrorCode, JobsError
-from trio_jobs._time import parse_duration
+from trio_jobs._time import MAX_DURATION, parse_duration
 
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -149,7 +149,12 @@ def test_allow_zero_admits_zero_but_never_a_negative() -> None:
 
 @given(n=st.integers(min_value=1, max_value=10**9), unit=st.sampled_from(sorted(UNITS)))
 def test_property_whole_strings_scale_by_their_unit(n: int, unit: str) -> None:
-    assert parse_duration(f"{n}{unit}") == pytest.approx(n * UNITS[unit])
+    got, refused = _attempt(f"{n}{unit}")
+    if n * UNITS[unit] > MAX_DURATION:
+        assert refused is not None
+        assert "100 years" in refused.message
+    else:
+        assert got == pytest.approx(n * UNITS[unit])
 
 
 @given(
@@ -160,7 +165,7 @@ def test_property_whole_strings_scale_by_their_unit(n: int, unit: str) -> None:
 def test_property_decimal_strings(whole: int, frac: int, unit: str) -> None:
     text = f"{whole}.{frac:03d}{unit}"
     expected = float(f"{whole}.{frac:03d}") * UNITS[unit]
-    if expected == 0:
+    if expected == 0 or expected > MAX_DURATION:
         with pytest.raises(JobsError):
             parse_duration(text)
     else:
@@ -168,13 +173,28 @@ def test_property_decimal_strings(whole: int, frac: int, unit: str) -> None:
 
 
 @given(st.timedeltas(min_value=timedelta(microseconds=1)))
-def test_property_positive_timedeltas_are_their_total_seconds(value: timedelta) -> None:
-    assert parse_duration(value) == value.total_seconds()
+def test_property_positive_timedeltas_are_their_total_seconds_up_to_a_century(
+    value: timedelta,
+) -> None:
+    got, refused = _attempt(value)
+    if value.total_seconds() > MAX_DURATION:
+        assert refused is not None
+        assert refused.code == ErrorCode.X_CONFIG_INVALID
+    else:
+        assert got == value.total_seconds()
 
 
-@given(st.floats(min_value=1e-9, allow_nan=False, allow_infinity=False))
-def test_property_positive_floats_are_themselves(value: float) -> None:
+@given(st.floats(min_value=1e-9, max_value=MAX_DURATION))
+def test_property_positive_floats_up_to_a_century_are_themselves(value: float) -> None:
     assert parse_duration(value) == value
+
+
+@given(st.floats(min_value=MAX_DURATION, exclude_min=True))
+def test_property_a_duration_over_a_century_is_refused(value: float) -> None:
+    # 1e300 seconds would make `now + delay` an instant no driver can show.
+    with pytest.raises(JobsError) as caught:
+        parse_duration(value, allow_zero=True)
+    assert caught.value.code == ErrorCode.X_CONFIG_INVALID
 
 
 @given(st.integers(min_value=1, max_value=2**1100))
@@ -182,7 +202,7 @@ def test_property_positive_ints_are_float_seconds_or_refused(value: int) -> None
     got, refused = _attempt(value)
     if refused is not None:
         assert refused.code == ErrorCode.X_CONFIG_INVALID
-        assert value > 2**1023  # only a number too large for a float is refused
+        assert value > MAX_DURATION  # only a number over a century is refused
     else:
         assert got == float(value)
 

@@ -47,6 +47,7 @@ SNAPSHOT = [
     "X_IDEMPOTENCY_CONFLICT",
     "X_IDEMPOTENCY_REQUIRED",
     "X_ID_INVALID",
+    "X_ID_AMBIGUOUS",  # an addition to the spec: a job id prefix matching several jobs
     "X_IMPORT_HEADER_MISMATCH",
     "X_IMPORT_RECORD_TOO_LARGE",
     "X_IMPORT_SOURCE_CHANGED",

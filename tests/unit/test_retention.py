@@ -117,4 +117,4 @@ async def test_a_driver_without_an_operator_surface_cannot_purge(
     caplog.set_level(logging.INFO, logger="trio_jobs")
     with trio.fail_after(1):
         await Retention(driver).run()  # logs once and returns: nothing to run
-    assert [r.getMessage() for r in caplog.records] == ["jobs.purge.unsupported"]
+    assert [getattr(r, "event", None) for r in caplog.records] == ["jobs.purge.unsupported"]

@@ -41,7 +41,9 @@ class Reply:
 
 
 class AsgiClient:
-    """Keeps cookies like a browser; ``client`` is the peer address the app sees."""
+    """Keeps cookies like a browser; ``client`` is the peer address the app sees,
+    ``host`` the ``Host`` header it sends (``None``: none), ``server`` the
+    address the app is served on (ASGI's ``server``)."""
 
     def __init__(
         self,
@@ -49,12 +51,14 @@ class AsgiClient:
         *,
         client: tuple[str, int] = ("127.0.0.1", 50000),
         root_path: str = "",
-        host: str = "testserver",
+        host: str | None = "localhost",
+        server: tuple[str, int] | None = ("127.0.0.1", 80),
     ) -> None:
         self.app = app
         self.client = client
         self.root_path = root_path
         self.host = host
+        self.server = server
         self.cookies: dict[str, str] = {}
 
     async def request(
@@ -67,7 +71,7 @@ class AsgiClient:
         body: bytes | None = None,
     ) -> Reply:
         split = urlsplit(path)
-        raw_headers = [(b"host", self.host.encode())]
+        raw_headers = [] if self.host is None else [(b"host", self.host.encode())]
         if self.cookies:
             jar = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
             raw_headers.append((b"cookie", jar.encode()))
@@ -88,7 +92,7 @@ class AsgiClient:
             "query_string": split.query.encode(),
             "headers": raw_headers,
             "client": self.client,
-            "server": ("testserver", 80),
+            "server": self.server,
         }
         chunks = [body or b""]
         sent: list[dict[str, Any]] = []

@@ -13,3 +13,4 @@ for path in (str(_HERE.parent), str(_HERE)):
 pytest.importorskip("starlette", reason="the dashboard needs the `web` extra")
 pytest.importorskip("hypercorn", reason="the dashboard needs the `web` extra")
 pytest.importorskip("prometheus_client", reason="metrics need the `web` extra")
+pytest.importorskip("jinja2", reason="the dashboard's templates need the `web` extra")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import attrs
@@ -14,6 +15,7 @@ import trio
 from asgi_client import AsgiClient, Reply
 from seed import ALL, SECRET, World, charge_card, seed, send_welcome, sync_account
 
+from jobs_support import Item, running_worker, wait_state
 from trio_jobs import (
     ErrorCode,
     JobContext,
@@ -108,6 +110,16 @@ class TestPages:
         assert "X_CARD_DECLINED" in html
         assert "the issuer declined the charge" in html
 
+    async def test_without_the_handles_each_queue_shows_its_throughput(self) -> None:
+        """``trio-jobs dashboard`` registers no handle: the counters say the queue."""
+        async with open_jobs(memory_driver(), jobs=ALL) as jobs:
+            await seed(jobs)
+            bare = AsgiClient(create_app(Jobs(jobs.driver, [])))
+            html = (await bare.get("/")).text
+        assert "emails: 3 done, 0 failed in the last hour" in html
+        assert "billing: 0 done, 1 failed in the last hour" in html
+        assert '<span class="muted">3/h</span>' in html
+
     async def test_without_the_handle_the_rows_own_sensitive_flag_decides(self) -> None:
         async with open_jobs(memory_driver(), jobs=ALL) as jobs:
             world = await seed(jobs)
@@ -170,6 +182,154 @@ class TestPages:
             assert "<b>bold</b>" not in html
             assert "<i>k</i>" not in html
             assert "<u>org</u>" not in html
+
+    async def test_script_in_a_name_an_error_or_a_tenant_renders_escaped_on_every_page(
+        self,
+    ) -> None:
+        """Whatever the rows hold reaches the page as text: a job name, a tenant,
+        an error message, a step name, a worker's id, host and queues (a queue
+        name is refused at declaration)."""
+
+        def script(what: str) -> str:
+            return f'<script>alert("{what}")</script>'
+
+        @attrs.frozen
+        class Evil:
+            key: str
+
+        @job(
+            input=Evil,
+            idempotency_key=lambda i: i.key,
+            name=script("name"),
+            retry=Retry(attempts=1),
+        )
+        async def evil(ctx: JobContext[Evil]) -> None:
+            await ctx.step.run(script("step"), lambda: 1)
+            raise JobsError("X_EVIL", script("error"))
+
+        async with open_jobs(memory_driver(), jobs=[evil]) as jobs:
+            enq = await evil.enqueue(Evil("k"), tenant_id=script("tenant"))
+            await Worker(jobs).run_until_quiet()
+            intro = jobs.driver.introspect
+            assert intro is not None
+            from trio_jobs.drivers import WorkerInfo
+
+            await intro.record_worker(
+                WorkerInfo(
+                    id=script("worker"),
+                    host=script("host"),
+                    pid=1,
+                    started_at=jobs.driver.now(),
+                    queues=[script("queue")],
+                    slots={script("queue"): 1},
+                    in_flight=[],
+                ),
+                60.0,
+            )
+            for handles in (jobs, Jobs(jobs.driver, [])):  # with and without the handle
+                client = AsgiClient(create_app(handles))
+                pages = {
+                    path: (await client.get(path)).text
+                    for path in ("/", "/jobs", "/dead", "/workers", f"/{enq.id}")
+                }
+                shown = {
+                    "/": ["name", "error", "host"],
+                    "/jobs": ["name"],
+                    "/dead": ["name", "error"],
+                    "/workers": ["host", "queue"],
+                    f"/{enq.id}": ["name", "tenant", "error", "step"],
+                }
+                for path, html in pages.items():
+                    assert "<script>alert" not in html, path
+                    for what in shown[path]:
+                        assert f"&lt;script&gt;alert(&#34;{what}&#34;)" in html, (path, what)
+
+
+def section(html: str, heading: str) -> str:
+    """The part of a page from ``<h2>heading`` to the next ``<h2>``."""
+    start = html.index(f"<h2>{heading}")
+    end = html.find("<h2>", start + 4)
+    return html[start : end if end >= 0 else len(html)]
+
+
+class TestJobHistory:
+    """The job page's attempt history and step times (issue 15)."""
+
+    async def test_each_attempt_shows_its_times_outcome_code_and_first_line(
+        self, autojump_clock: Any
+    ) -> None:
+        @job(input=Item, idempotency_key=lambda i: i.key, retry=Retry(attempts=3, base=1))
+        async def flaky(ctx: JobContext[Item]) -> str:
+            if ctx.attempt == 1:
+                raise JobsError("X_UPSTREAM", "the API answered 502\nbody: <html>secret</html>")
+            if ctx.attempt == 2:
+                raise RuntimeError("timed out")
+            return "ok"
+
+        async with open_jobs(memory_driver(), jobs=[flaky]) as jobs:
+            enq = await flaky.enqueue(Item("f"))
+            async with running_worker(jobs):
+                view = await wait_state(jobs, enq.id, "done")
+            html = (await AsgiClient(create_app(jobs)).get(f"/{enq.id}")).text
+        attempts = section(html, "Attempts")
+        assert [a.outcome for a in view.attempt_log] == ["retried", "retried", "done"]
+        outcomes = re.findall(r'class="badge s-([a-z-]+)"', attempts)
+        assert outcomes == ["retried", "retried", "done"]
+        assert "<b>X_UPSTREAM</b>" in attempts
+        assert "the API answered 502" in attempts
+        assert "secret" not in attempts  # the first line only
+        assert "RuntimeError: timed out" in attempts
+        assert attempts.count("<time datetime=") == 6  # a start and an end each
+
+    async def test_a_sensitive_jobs_attempts_show_codes_not_messages(self, site: Site) -> None:
+        html = (await site.client.get(f"/{site.world.charge}")).text
+        attempts = section(html, "Attempts")
+        assert "<b>X_CARD_DECLINED</b>" in attempts
+        assert "the issuer declined" not in attempts
+        assert "[redacted]" in attempts
+
+    async def test_each_step_shows_its_start_end_and_duration(self, autojump_clock: Any) -> None:
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def timed(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("fetch", partial(trio.sleep, 3))
+            await ctx.step.run("store", partial(trio.sleep, 0.25))
+
+        async with open_jobs(memory_driver(), jobs=[timed]) as jobs:
+            enq = await timed.enqueue(Item("t"))
+            await Worker(jobs).run_until_quiet()
+            html = (await AsgiClient(create_app(jobs)).get(f"/{enq.id}")).text
+        steps = section(html, "Steps")
+        fetch, store = steps.split("<b>store</b>")
+        assert "took 3.0 s" in fetch
+        assert "took 250 ms" in store
+        assert fetch.count("<time datetime=") == 2
+
+    async def test_a_running_job_shows_the_step_in_progress(self, autojump_clock: Any) -> None:
+        release = trio.Event()
+
+        @job(input=Item, idempotency_key=lambda i: i.key)
+        async def upload(ctx: JobContext[Item]) -> None:
+            await ctx.step.run("prepare", lambda: 1)
+            await ctx.step.run("upload", release.wait)
+
+        async with open_jobs(memory_driver(), jobs=[upload]) as jobs:
+            enq = await upload.enqueue(Item("u"))
+            client = AsgiClient(create_app(jobs))
+            worker = Worker(jobs, heartbeat_interval=1.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await trio.sleep(5)  # a few heartbeats
+                html = (await client.get(f"/{enq.id}")).text
+                release.set()
+                await trio.sleep(1)
+                await worker.drain()
+        attempts, steps = section(html, "Attempts"), section(html, "Steps")
+        assert 's-running">running</span>' in attempts
+        assert "in step <b>upload</b>" in attempts
+        assert "so far" in attempts
+        assert "<b>upload</b>" in steps
+        assert "in progress for" in steps
+        assert steps.index("<b>prepare</b>") < steps.index("<b>upload</b>")
 
 
 class TestList:
@@ -439,7 +599,7 @@ class TestCsrf:
         same = await site.client.post(
             f"/{site.world.charge}/retry",
             {"csrf": token},
-            headers={"origin": "http://testserver", "sec-fetch-site": "same-origin"},
+            headers={"origin": "http://localhost", "sec-fetch-site": "same-origin"},
         )
         assert same.status == 303
 
@@ -479,16 +639,39 @@ async def test_a_page_reply_is_one_round_of_facade_reads_not_sql(site: Site) -> 
     """Actions and pages go through the facade: the app module holds no SQL."""
     import inspect
 
+    import trio_jobs.web._actions as actions_module
     import trio_jobs.web._app as app_module
+    import trio_jobs.web._pages as pages_module
 
-    source = inspect.getsource(app_module).lower()
-    for pattern in (
-        r"\bselect\b[^<>\n]*\bfrom\b",
-        r"\bupdate \w+ set\b",
-        "delete from",
-        "insert into",
-    ):
-        assert not re.search(pattern, source), pattern
-    assert "execute(" not in source
-    assert "driver." not in source.replace("jobs.driver.now", "")
+    for module in (app_module, pages_module, actions_module):
+        source = inspect.getsource(module).lower()
+        for pattern in (
+            r"\bselect\b[^<>\n]*\bfrom\b",
+            r"\bupdate \w+ set\b",
+            "delete from",
+            "insert into",
+        ):
+            assert not re.search(pattern, source), (module.__name__, pattern)
+        assert "execute(" not in source
+        assert "driver." not in source.replace("jobs.driver.now", ""), module.__name__
     _ = (sync_account, Reply)
+
+
+def test_html_comes_from_autoescaping_templates_one_per_page() -> None:
+    """No module of the web package writes HTML: the pages are Jinja2 templates
+    (autoescape on) shipped in the package, one per page."""
+    import importlib.resources
+    import inspect
+
+    import trio_jobs.web as web
+    from trio_jobs.web import _actions, _app, _metrics, _pages, _security, _serve, _templates
+
+    assert _templates.environment().autoescape is True
+    folder = importlib.resources.files(web) / "templates"
+    shipped = {entry.name for entry in folder.iterdir()}
+    for page in ("overview.html", "jobs.html", "dead.html", "workers.html", "job.html"):
+        assert page in shipped
+        _templates.environment().get_template(page)  # found through the package loader
+    tag = re.compile(r"<(td|tr|th|div|span|a|form|input|table|pre|h1|h2|p|li|ol|svg|b)[ >]")
+    for module in (_actions, _app, _metrics, _pages, _security, _serve, _templates):
+        assert not tag.search(inspect.getsource(module)), module.__name__

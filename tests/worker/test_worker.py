@@ -185,6 +185,14 @@ class TestSlots:
                 Worker(jobs, max_in_flight=value)
             assert info.value.code == code
 
+    @pytest.mark.parametrize("queues", [[], "a", ["a", ""], ["a\x00"], ["\ud800"], [1]], ids=repr)
+    async def test_bad_queues_are_refused(self, queues: Any, autojump_clock: Any) -> None:
+        # A NUL reached PostgreSQL's claim as a raw DataError.
+        async with jobs_on_memory([]) as (jobs, _driver):
+            with pytest.raises(JobsError) as info:
+                Worker(jobs, queues=queues)
+            assert info.value.code == ErrorCode.X_CONFIG_INVALID
+
 
 class TestMaxInFlight:
     """max_in_flight: max simultaneous runs in one worker process, across every queue;

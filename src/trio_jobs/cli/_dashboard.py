@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -40,10 +42,14 @@ def check_host(host: str, has_auth: bool) -> None:
 
 
 def load_attr(target: str, what: str) -> Any:
-    """``module:attr`` → the object, or ``X_CONFIG_INVALID`` saying what was wrong."""
+    """``module:attr`` → the object, or ``X_CONFIG_INVALID`` saying what was wrong.
+    The current folder is importable, as for ``trio-jobs worker``."""
     from ._args import check_target
 
     module_name, attr = check_target(target, what)
+    here = str(Path.cwd())
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -77,6 +83,7 @@ async def serve_dashboard(
     database_url: str | None,
     auth: Callable[..., Any] | None,
     announce: Callable[[list[str]], None],
+    allowed_hosts: Sequence[str] | None = None,
 ) -> None:
     """Open the facade on the database and serve until SIGINT/SIGTERM."""
     from .. import open_jobs
@@ -95,7 +102,14 @@ async def serve_dashboard(
         db = await resolve_database(database_url)
         async with open_jobs(postgres_driver(db.dsn)) as jobs, trio.open_nursery() as nursery:
             urls = await nursery.start(
-                lambda task_status: serve(jobs, host, port, auth, task_status=task_status)
+                lambda task_status: serve(
+                    jobs,
+                    host,
+                    port,
+                    auth,
+                    allowed_hosts=allowed_hosts,
+                    task_status=task_status,
+                )
             )
             log_event(logging.INFO, "jobs.dashboard.serving", urls=urls, database=db.source)
             announce(urls)

@@ -30,6 +30,7 @@ from ._common import (
     flush_logs,
     guarded,
     refuse,
+    require_web,
     resolve_database,
     run,
 )
@@ -79,6 +80,8 @@ def dev(orgs: int, serve: bool, port: int, as_json: bool, database_url: str | No
     if not 1 <= orgs <= MAX_ENQUEUE_BATCH:
         raise config_error(f"--orgs is how many runs to enqueue: 1 to {MAX_ENQUEUE_BATCH}")
     check_port(port)
+    if serve:
+        require_web("dev --serve")
     configure_logging(as_json, logging.WARNING)
     out = run(run_example, orgs, serve, database_url, port, as_json=as_json)
     rows = out["rows"]
@@ -118,24 +121,43 @@ def dev(orgs: int, serve: bool, port: int, as_json: bool, database_url: str | No
     "auth_target",
     default=None,
     metavar="MODULE:ATTR",
-    help="An auth hook (a function of the request answering True for an operator); "
-    "required to bind anything but loopback.",
+    help="An auth hook (a function of the request answering True for an operator), "
+    "imported from the current folder or PYTHONPATH; required to bind anything but loopback.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST[:PORT]",
+    help="With --auth: a Host name the dashboard answers to (repeat it; *.example.com for "
+    "subdomains, * for any). Without it only localhost and loopback addresses are answered.",
 )
 @common_options
 @guarded
 def dashboard(
-    host: str, port: int, auth_target: str | None, as_json: bool, database_url: str | None
+    host: str,
+    port: int,
+    auth_target: str | None,
+    allowed_hosts: tuple[str, ...],
+    as_json: bool,
+    database_url: str | None,
 ) -> None:
     """Serve the dashboard at /admin/jobs and Prometheus metrics at /metrics.
 
     Without --auth only loopback clients are served, and a non-loopback --host
-    is refused with X_CONFIG_INVALID. Ctrl-C (or SIGTERM) stops it.
+    is refused with X_CONFIG_INVALID. Requests naming another Host than
+    localhost or a loopback address are refused unless --allowed-host lists it
+    (with --auth). Ctrl-C (or SIGTERM) stops it.
     """
     from ._args import check_port
     from ._dashboard import check_host, load_attr, serve_dashboard
 
     check_port(port)
+    require_web("dashboard")
+    from ..web._security import host_rules  # the web extra is there
+
     check_host(host, auth_target is not None)
+    host_rules(allowed_hosts or None, has_auth=auth_target is not None)
     configure_logging(as_json, logging.WARNING)
     auth = load_attr(auth_target, "--auth") if auth_target is not None else None
 
@@ -147,7 +169,16 @@ def dashboard(
                 click.echo(f"dashboard: {url}/admin/jobs/   metrics: {url}/metrics")
         flush_logs()
 
-    run(serve_dashboard, host, port, database_url, auth, announce, as_json=as_json)
+    run(
+        serve_dashboard,
+        host,
+        port,
+        database_url,
+        auth,
+        announce,
+        list(allowed_hosts) or None,
+        as_json=as_json,
+    )
 
 
 @main.command()

@@ -25,12 +25,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import attrs
 import click
 import orjson
 
 from ..drivers._protocol import (
     ALL_STATES,
     MAX_BULK_ROWS,
+    BulkAction,
+    BulkPreview,
     BulkResult,
     CounterRow,
     JobPage,
@@ -49,7 +52,15 @@ from ._args import (
     check_step,
     check_tenant,
 )
-from ._common import EXIT_REFUSED, common_options, config_error, configure_logging, guarded, run
+from ._common import (
+    EXIT_REFUSED,
+    common_options,
+    config_error,
+    configure_logging,
+    guarded,
+    log_event,
+    run,
+)
 
 if TYPE_CHECKING:
     from .._facade import Jobs
@@ -86,6 +97,7 @@ VIEW_FIELDS: tuple[str, ...] = (
     "updated_at",
     "worker_id",
     "sensitive",
+    "attempt_log",
     # derived
     "next_retry",
     "redacted",
@@ -148,6 +160,15 @@ def view_json(view: JobView) -> dict[str, Any]:
         "updated_at": view.updated_at,
         "worker_id": view.worker_id,
         "sensitive": view.sensitive,
+        # each claim: its times, outcome, code and first line (a sensitive job's
+        # line is redacted, as on the dashboard)
+        "attempt_log": [
+            {
+                **attrs.asdict(a),
+                "error": REDACTED if hide and a.error is not None else a.error,
+            }
+            for a in view.attempt_log
+        ],
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
     }
@@ -261,13 +282,26 @@ def _check_scope(queue: str | None, name: str | None, tenant: str | None) -> Non
     check_tenant(tenant)
 
 
-def _one_or_bulk(job_id: str | None, state: str | None, **scope: str | None) -> None:
+def _one_or_bulk(
+    job_id: str | None,
+    state: str | None,
+    *,
+    dry_run: bool = False,
+    yes: bool = False,
+    **scope: str | None,
+) -> None:
     given = [f"--{k.replace('_', '-')}" for k, v in scope.items() if v is not None]
     if job_id is not None and (state is not None or given):
         raise config_error(
             "pass a job ID, or --state (with --queue/--name/--tenant) for every matching "
             "job, not both"
         )
+    if job_id is not None and (dry_run or yes):
+        raise config_error(
+            "--dry-run and --yes go with --state (every matching job); one job by ID needs neither"
+        )
+    if dry_run and yes:
+        raise config_error("pass --dry-run (change nothing) or --yes (go ahead), not both")
     if job_id is None and state is None:
         raise config_error(
             "name a job ID, or pass --state (and optionally --queue/--name/--tenant) for "
@@ -278,6 +312,19 @@ def _one_or_bulk(job_id: str | None, state: str | None, **scope: str | None) -> 
 
 
 # --------------------------------------------------------------------------- the database
+
+
+async def queue_known(jobs: Jobs, queue: str, declared: Sequence[str] = ()) -> bool:
+    """Whether ``queue`` is one anything knows: a job declares it (``declared``,
+    the queues of the jobs a worker loaded), a job is in it, or a live worker
+    serves it. ``pause`` and ``worker --queues`` warn when none does: a typo."""
+    if queue in declared:
+        return True
+    if any(s.queue == queue for s in await jobs.stats()):
+        return True
+    if jobs.driver.introspect is None:
+        return False
+    return any(queue in w.queues for w in await jobs.workers())
 
 
 @contextlib.asynccontextmanager
@@ -300,7 +347,7 @@ def _operate(fn: Callable[[Jobs], Awaitable[T]], database_url: str | None, as_js
         async with open_operator(database_url) as jobs:
             return await fn(jobs)
 
-    configure_logging(as_json, logging.WARNING)
+    configure_logging(as_json, logging.WARNING, plain=True)
     return run(go, as_json=as_json)
 
 
@@ -392,7 +439,7 @@ def _print_view(v: dict[str, Any], now: float) -> None:
         ("queue", v["queue"]),
         ("state", v["state"]),
         ("attempts", _attempts(v)),
-        ("next retry", _when(v["next_retry"], now) if v["next_retry"] is not None else "-"),
+        ("next retry", _next_run(v, now)),
         ("run id", v["run_id"]),
         ("tenant", v["tenant_id"] or "-"),
         ("idempotency key", v["idempotency_key"]),
@@ -411,8 +458,7 @@ def _print_view(v: dict[str, Any], now: float) -> None:
     if v["state"] in ("dead", "failed"):
         rows.append(("dead-letter reason", _reason(v)))
     elif v["error_code"] or v["last_error"]:
-        label = "cancelled" if v["state"] == "cancelled" else "last error"
-        rows.append((label, _reason(v)))
+        rows.append((_error_label(v["state"]), _reason(v)))
     rows.append(
         ("sensitive", {True: "yes", False: "no", None: "unknown (treated as yes)"}[v["sensitive"]])
     )
@@ -441,13 +487,40 @@ def _print_view(v: dict[str, Any], now: float) -> None:
         con.print(_text(hint), soft_wrap=True)
 
 
+def _next_run(v: dict[str, Any], now: float) -> str:
+    """``show``'s next retry: ``due now`` once ``run_at`` has passed (the next
+    claim takes it), else when; ``-`` for a job that is not waiting."""
+    when = v["next_retry"]
+    if when is None:
+        return "-"
+    if when <= now:
+        return f"due now (since {_iso(when)})"
+    return _when(when, now)
+
+
+def _error_label(state: str) -> str:
+    """What a row's error is to its state: a live or done job's error is an
+    earlier attempt's (the run went on, or since succeeded), a cancelled job's
+    the cancel's."""
+    if state == "cancelled":
+        return "cancelled"
+    if state == "done":
+        return "earlier attempt's error"
+    return "last error"
+
+
 def _short_error(v: dict[str, Any]) -> str:
-    """A list row's error: its code, else the start of its message."""
+    """A list row's error: its code, else the start of its message; a done
+    job's says it was an earlier attempt's."""
     if v["error_code"]:
-        return str(v["error_code"])
-    # The error's own clause; the show page has the rest.
-    error = str(v["last_error"] or "").split(" — ")[0]
-    return error if len(error) <= 60 else error[:59] + "…"
+        error = str(v["error_code"])
+    else:
+        # The error's own clause; the show page has the rest.
+        error = str(v["last_error"] or "").split(" — ")[0]
+        error = error if len(error) <= 60 else error[:59] + "…"
+    if error and v["state"] == "done":
+        return f"(earlier) {error}"
+    return error
 
 
 def _reason(v: dict[str, Any]) -> str:
@@ -470,11 +543,18 @@ def _next_step_hint(v: dict[str, Any]) -> str:
     return ""
 
 
-def _print_page(page: dict[str, Any], now: float, shown_filters: str) -> None:
-    con = _console()
-    if not page["rows"]:
-        con.print(_text(f"no job matches{shown_filters}"), soft_wrap=True)
-    # A column no row fills (no job waits, none failed) is left out.
+def _due(v: dict[str, Any], now: float) -> str:
+    """When a waiting job runs: ``now`` once its ``run_at`` has passed (it runs at
+    the next claim), else how far off."""
+    when = v["next_retry"]
+    if when is None:
+        return ""
+    return "now" if when <= now else _ago(now - when)
+
+
+def _page_table(page: dict[str, Any], now: float, width: int, title: str) -> Any:
+    """``list``'s table of ``page["rows"]``: a column no row fills (no job waits,
+    none failed) is left out."""
     cells = [
         {
             "id": v["id"],
@@ -483,7 +563,7 @@ def _print_page(page: dict[str, Any], now: float, shown_filters: str) -> None:
             "state": v["state"],
             "attempts": _attempts(v),
             "created": _ago(now - v["created_at"]),
-            "due": _ago(now - v["next_retry"]) if v["next_retry"] is not None else "",
+            "due": _due(v, now),
             "error": _short_error(v),
         }
         for v in page["rows"]
@@ -497,19 +577,23 @@ def _print_page(page: dict[str, Any], now: float, shown_filters: str) -> None:
         # The error takes what the other columns leave of the line (the show
         # page has all of it), so the table never folds its ids or names.
         used = sum(max(len(c), *(len(r[c]) for r in cells)) for c in columns if c != "error")
-        room = max(12, con.width - used - 2 * (len(columns) - 1) - 2)  # the box edges
+        room = max(12, width - used - 2 * (len(columns) - 1) - 2)  # the box edges
         for r in cells:
             if len(r["error"]) > room:
                 r["error"] = r["error"][: room - 1] + "…"
-    table = _table(
-        f"{len(page['rows'])} job(s){shown_filters}, newest first",
-        columns,
-        whole=("id", "name"),
-    )
+    table = _table(title, columns, whole=("id", "name"))
     for row in cells:
         table.add_row(*(_text(row[c]) for c in columns))
-    if page["rows"]:
-        con.print(table)
+    return table
+
+
+def _print_page(page: dict[str, Any], now: float, shown_filters: str) -> None:
+    con = _console()
+    if not page["rows"]:
+        con.print(_text(f"no job matches{shown_filters}"), soft_wrap=True)
+    else:
+        title = f"{len(page['rows'])} job(s){shown_filters}, newest first"
+        con.print(_page_table(page, now, con.width, title))
     if page["after"]:
         con.print(_text(f"older: --after {page['after']}"), soft_wrap=True)
     if page["before"]:
@@ -720,16 +804,115 @@ def resolve_step_command(
         # The facade's own check, before the database is opened.
         payload_form(value, what="--output", code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE)
 
-    async def go(jobs: Jobs) -> None:
-        await jobs.resolve_step(job_id, step, ran=ran, output=value)
+    async def go(jobs: Jobs) -> str:
+        key = await jobs.resolve_id(job_id)
+        await jobs.resolve_step(key, step, ran=ran, output=value)
+        return key
 
-    _operate(go, database_url, as_json)
+    resolved = _operate(go, database_url, as_json)
     said = "ran" if ran else "did not run"
     _done(
-        f"step {step} of {job_id} resolved: it {said}; now `trio-jobs retry {job_id}`",
+        f"step {step} of {resolved} resolved: it {said}; now `trio-jobs retry {resolved}`",
         as_json,
-        {"action": "resolve-step", "id": job_id, "step": step, "ran": ran},
+        {"action": "resolve-step", "id": resolved, "step": step, "ran": ran},
     )
+
+
+#: How many of the jobs a bulk command would move its preview lists.
+PREVIEW_SAMPLE = 10
+
+#: What each bulk command does to a job, for its preview and its question.
+_DOES = {"remove": "remove", "requeue": "requeue", "promote": "promote"}
+
+
+def _scope_text(scope: dict[str, str | None]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in scope.items() if v is not None)
+
+
+def _preview(
+    action: BulkAction, scope: dict[str, str | None], database_url: str | None, as_json: bool
+) -> tuple[BulkPreview, float]:
+    async def go(jobs: Jobs) -> tuple[BulkPreview, float]:
+        preview = await jobs.preview_many(action, **scope, sample=PREVIEW_SAMPLE)  # type: ignore[arg-type]
+        return preview, float(jobs.driver.now())
+
+    return _operate(go, database_url, as_json)
+
+
+def preview_json(action: str, scope: dict[str, str | None], preview: BulkPreview) -> dict[str, Any]:
+    """``--dry-run --json``: what the command would do, and the first jobs it would move."""
+    return {
+        "ok": True,
+        "action": action,
+        "dry_run": True,
+        "filter": scope,
+        "count": preview.count,
+        "sample": [view_json(v) for v in preview.sample],
+    }
+
+
+def _print_preview(
+    action: str,
+    scope: dict[str, str | None],
+    preview: BulkPreview,
+    now: float,
+    *,
+    stderr: bool = False,
+) -> None:
+    """The preview as text: the count, then the first jobs as ``list`` shows them."""
+    con = _console(stderr=stderr)
+    count = preview.count
+    con.print(
+        _text(f"{action} would {_DOES[action]} {count} job(s) ({_scope_text(scope)})"),
+        soft_wrap=True,
+    )
+    if not preview.sample:
+        return
+    body = {"rows": [view_json(v) for v in preview.sample], "after": None, "before": None}
+    table = _page_table(body, now, con.width, f"the first {len(preview.sample)}, oldest first")
+    con.print(table)
+    if count > len(preview.sample):
+        con.print(_text(f"... and {count - len(preview.sample)} more"), soft_wrap=True)
+
+
+def _confirmed_bulk(
+    action: BulkAction,
+    call: Callable[..., Awaitable[BulkResult]],
+    scope: dict[str, str | None],
+    *,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """A bulk command: ``--dry-run`` prints what it would do and writes nothing;
+    otherwise ``--yes`` goes ahead, a terminal is asked first (the preview on
+    stderr, then ``[y/N]``), and without a terminal to ask on the command is
+    refused (exit 1) saying to pass ``--yes``."""
+    if dry_run:
+        preview, now = _preview(action, scope, database_url, as_json)
+        if as_json:
+            _echo_json(preview_json(action, scope, preview))
+        else:
+            _print_preview(action, scope, preview, now)
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise config_error(
+                f"{action} --state changes every matching job and stdin is not a terminal to "
+                f"confirm it on: pass --yes to go ahead (or --dry-run to see what would change)"
+            )
+        preview, now = _preview(action, scope, database_url, as_json)
+        if preview.count == 0:
+            _bulk(action, call, scope, as_json, database_url)  # moves nothing; says so
+            return
+        _print_preview(action, scope, preview, now, stderr=True)
+        if not click.confirm(
+            f"{_DOES[action].capitalize()} these {preview.count} job(s)?", default=False, err=True
+        ):
+            click.echo("not confirmed: nothing changed", err=True)
+            sys.exit(EXIT_REFUSED)
+    _bulk(action, call, scope, as_json, database_url)
 
 
 def _bulk(
@@ -786,7 +969,7 @@ def _bulk(
     if as_json:
         _echo_json(body)
     else:
-        scope_text = ", ".join(f"{k}={v}" for k, v in scope.items() if v is not None)
+        scope_text = _scope_text(scope)
         click.echo(
             f"{action}: {out['affected']} job(s) ({scope_text}) in {out['calls']} call(s) "
             f"of at most {MAX_BULK_ROWS}; {out['remaining']} remaining"
@@ -818,6 +1001,25 @@ def _bulk_scope(
     return {"state": state, "queue": queue, "name": name, "tenant_id": tenant}
 
 
+def _dry_run_option(fn: Any) -> Any:
+    return click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Bulk: print how many jobs would change and the first of them; change nothing.",
+    )(fn)
+
+
+def _yes_option(fn: Any) -> Any:
+    return click.option(
+        "--yes",
+        "-y",
+        "yes",
+        is_flag=True,
+        help="Bulk: go ahead without asking. Without it a terminal is asked first, and "
+        "anything else (a script, a pipe) is refused.",
+    )(fn)
+
+
 @click.command("promote")
 @click.argument("job_id", metavar="[ID]", required=False)
 @click.option(
@@ -827,6 +1029,7 @@ def _bulk_scope(
     help="Bulk: promote every matching job in this state (delayed, or ready backing off).",
 )
 @_scope_options
+@_dry_run_option
 @common_options
 @guarded
 def promote_command(
@@ -835,17 +1038,25 @@ def promote_command(
     queue: str | None,
     name: str | None,
     tenant: str | None,
+    dry_run: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """Run a delayed job (or one backing off before a retry) now: one by ID, or
-    every job matching --state (and --queue/--name/--tenant)."""
-    _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant)
+    every job matching --state (and --queue/--name/--tenant). --dry-run prints
+    how many would move, and the first of them."""
+    _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant, dry_run=dry_run)
     _check_scope(queue, name, tenant)
     if job_id is None:
         assert state is not None
-        _bulk(
-            "promote", _promote_many, _bulk_scope(state, queue, name, tenant), as_json, database_url
+        _confirmed_bulk(
+            "promote",
+            _promote_many,
+            _bulk_scope(state, queue, name, tenant),
+            dry_run=dry_run,
+            yes=True,  # promoting only brings a due time forward: nothing to confirm
+            as_json=as_json,
+            database_url=database_url,
         )
         return
 
@@ -869,6 +1080,8 @@ def promote_command(
     help="Bulk: remove every matching job in this state (never running).",
 )
 @_scope_options
+@_dry_run_option
+@_yes_option
 @common_options
 @guarded
 def remove_command(
@@ -877,25 +1090,40 @@ def remove_command(
     queue: str | None,
     name: str | None,
     tenant: str | None,
+    dry_run: bool,
+    yes: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """Delete jobs and their steps: one by ID, or every job matching --state
-    (and --queue/--name/--tenant). A running job is refused: cancel it first."""
-    _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant)
+    (and --queue/--name/--tenant). A running job is refused: cancel it first.
+
+    With --state, --dry-run prints how many jobs would go and the first of
+    them, changing nothing; on a terminal the command shows that and asks
+    first; --yes skips the question (and is required when there is no
+    terminal to ask on)."""
+    _one_or_bulk(job_id, state, queue=queue, name=name, tenant=tenant, dry_run=dry_run, yes=yes)
     _check_scope(queue, name, tenant)
     if job_id is None:
         assert state is not None
-        _bulk(
-            "remove", _remove_many, _bulk_scope(state, queue, name, tenant), as_json, database_url
+        _confirmed_bulk(
+            "remove",
+            _remove_many,
+            _bulk_scope(state, queue, name, tenant),
+            dry_run=dry_run,
+            yes=yes,
+            as_json=as_json,
+            database_url=database_url,
         )
         return
 
-    async def go(jobs: Jobs) -> None:
-        await jobs.remove(job_id)
+    async def go(jobs: Jobs) -> str:
+        key = await jobs.resolve_id(job_id)
+        await jobs.remove(key)
+        return key
 
-    _operate(go, database_url, as_json)
-    _done(f"removed {job_id}", as_json, {"action": "remove", "id": job_id})
+    removed = _operate(go, database_url, as_json)
+    _done(f"removed {removed}", as_json, {"action": "remove", "id": removed})
 
 
 @click.command("requeue")
@@ -906,6 +1134,8 @@ def remove_command(
     help="Requeue every matching job in this state (required).",
 )
 @_scope_options
+@_dry_run_option
+@_yes_option
 @common_options
 @guarded
 def requeue_command(
@@ -913,18 +1143,35 @@ def requeue_command(
     queue: str | None,
     name: str | None,
     tenant: str | None,
+    dry_run: bool,
+    yes: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """Requeue every finished job matching --state (and --queue/--name/--tenant),
     attempts reset. A job whose key a live job holds stays where it is. One job:
-    `trio-jobs retry ID`."""
+    `trio-jobs retry ID`.
+
+    --dry-run prints how many jobs would be requeued and the first of them,
+    changing nothing; on a terminal the command shows that and asks first;
+    --yes skips the question (and is required when there is no terminal to
+    ask on)."""
     if state is None:
         raise config_error(
             "pass --state (done, failed, dead or cancelled); one job: trio-jobs retry ID"
         )
+    if dry_run and yes:
+        raise config_error("pass --dry-run (change nothing) or --yes (go ahead), not both")
     _check_scope(queue, name, tenant)
-    _bulk("requeue", _requeue_many, _bulk_scope(state, queue, name, tenant), as_json, database_url)
+    _confirmed_bulk(
+        "requeue",
+        _requeue_many,
+        _bulk_scope(state, queue, name, tenant),
+        dry_run=dry_run,
+        yes=yes,
+        as_json=as_json,
+        database_url=database_url,
+    )
 
 
 @click.command("pause")
@@ -938,6 +1185,8 @@ def pause_command(queue: str, as_json: bool, database_url: str | None) -> None:
 
     async def go(jobs: Jobs) -> list[str]:
         await jobs.pause_queue(queue)
+        if not await queue_known(jobs, queue):
+            log_event(logging.WARNING, "jobs.queue.unknown", queue=queue, command="pause")
         return await jobs.paused_queues()
 
     paused = _operate(go, database_url, as_json)

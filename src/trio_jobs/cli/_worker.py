@@ -205,6 +205,7 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
             queues = opts.queues
             if queues is None and isinstance(opts.concurrency, dict):
                 queues = list(opts.concurrency)
+            await _warn_unknown_queues(jobs, queues, handles)
             worker = Worker(
                 jobs,
                 queues=queues,
@@ -259,6 +260,21 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
     if link is not None:
         link.summary(summary)
     return summary
+
+
+async def _warn_unknown_queues(
+    jobs: Any, queues: list[str] | None, handles: list[Job[Any, Any]]
+) -> None:
+    """``jobs.queue.unknown`` for each queue ``--queues`` (or ``--concurrency
+    q=N``) names that no loaded job declares, no job is in and no live worker
+    serves: most likely a typo, and the worker would idle on it. It is served
+    all the same (jobs may be enqueued there later)."""
+    from ._operate import queue_known
+
+    declared = [h.queue for h in handles]
+    for queue in queues or ():
+        if not await queue_known(jobs, queue, declared):
+            log_event(logging.WARNING, "jobs.queue.unknown", queue=queue, command="worker")
 
 
 async def _orphaned(link: ChildLink) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from .._validate import check_text
 from ..errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
@@ -23,7 +24,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AckOptions",
+    "BulkAction",
+    "AttemptOutcome",
+    "AttemptRecord",
     "BulkFilter",
+    "BulkPreview",
     "BulkResult",
     "ClaimOptions",
     "ClaimResult",
@@ -63,7 +68,16 @@ __all__ = [
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
+    "MAX_PREVIEW_SAMPLE",
+    "MIN_ID_PREFIX",
+    "MAX_ATTEMPT_ERROR",
+    "MAX_ATTEMPT_LOG",
+    "LAPSED_LINE",
+    "CANCELLED_LINE",
     "UNWIND_MARGIN",
+    "StepMark",
+    "first_line",
+    "nack_outcome",
 ]
 
 #: A row's state, as every driver stores and answers it.
@@ -101,6 +115,15 @@ MAX_JOB_PAGE = 200
 MAX_BULK_ROWS = 1_000
 #: Attempts a compensating job's row carries past ``retry.attempts`` to unwind in.
 UNWIND_MARGIN = 2
+#: The shortest job id prefix ``show``, ``cancel``, ... resolve: the 8 characters
+#: ``trio-jobs dev`` and ``trio-jobs list`` print of an id.
+MIN_ID_PREFIX = 8
+#: The most rows a bulk preview (:meth:`JobIntrospection.preview_many`) samples.
+MAX_PREVIEW_SAMPLE = 50
+#: The most entries a job's attempt log keeps: the newest; older ones drop off.
+MAX_ATTEMPT_LOG = 20
+#: The most characters of an error's first line an attempt log entry keeps.
+MAX_ATTEMPT_ERROR = 200
 
 
 # --------------------------------------------------------------------------- enqueue
@@ -294,12 +317,87 @@ class HeartbeatStatus:
 
 
 @attrs.frozen
+class StepMark:
+    """The step a run is in, and since when (the driver's clock): what the
+    attempt log shows as the step in progress."""
+
+    name: str
+    started_at: float
+
+
+@attrs.frozen
 class HeartbeatRequest:
-    """Renew one held row's lease (and write its progress, when given)."""
+    """Renew one held row's lease (and write its progress, when given).
+
+    ``step``: the step the run is in now (``None``: between steps), written to
+    the attempt log's current entry in the same statement."""
 
     job_id: str
     fence: Fence
     progress: Progress | None = None
+    step: StepMark | None = None
+
+
+# --------------------------------------------------------------------------- attempts
+
+#: How an attempt ended: settled ``done``, ``retried`` (a counted hand-back),
+#: ``handed-back`` (uncounted), ``suspended``, buried ``dead``/``failed``, its
+#: lease ``lapsed``, or ``cancelled`` by an operator while it ran.
+AttemptOutcome = Literal[
+    "done", "retried", "handed-back", "suspended", "dead", "failed", "lapsed", "cancelled"
+]
+
+#: The error an attempt log entry records when a lease lapsed under its claim.
+LAPSED_LINE = "the lease lapsed: the worker holding it died or stopped renewing it"
+#: The error an attempt log entry records when an operator cancelled the job
+#: while the claim ran (with ``X_ABORTED``).
+CANCELLED_LINE = "cancelled by an operator while it ran"
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One claim of a job, as its attempt log keeps it (the newest
+    :data:`MAX_ATTEMPT_LOG`, oldest first).
+
+    The driver writes it inside the statements it already runs: the claim
+    opens the entry (``attempt``, ``worker_id``, ``started_at``); the settle,
+    the reap of a lapsed lease, a hand-back of an orphan or an operator's
+    cancel closes it (``ended_at``, ``outcome``, and the error's code and the
+    first line of its message, at most :data:`MAX_ATTEMPT_ERROR` characters);
+    a heartbeat writes the step in progress (``step``, ``step_started_at``).
+    ``outcome`` is ``None`` while the claim holds. ``attempt`` is the counted
+    attempt the claim took: an uncounted hand-back (``handed-back``,
+    ``suspended``) is followed by an entry with the same number."""
+
+    attempt: int
+    worker_id: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+    error: str | None = None
+    step: str | None = None
+    step_started_at: float | None = None
+
+
+def first_line(message: str | None) -> str | None:
+    """The first line of an error message, cut at :data:`MAX_ATTEMPT_ERROR`
+    characters (an attempt log entry keeps no more)."""
+    if not message:
+        return None
+    line = message.split("\n", 1)[0].rstrip()
+    if len(line) > MAX_ATTEMPT_ERROR:
+        line = line[: MAX_ATTEMPT_ERROR - 1] + "…"
+    return line or None
+
+
+def nack_outcome(options: NackOptions) -> str:
+    """What a hand-back ends its attempt as: ``dead``/``failed`` for good,
+    ``suspended``, ``retried`` (counted) or ``handed-back`` (uncounted: a drain,
+    a sleep, a busy key, an outage)."""
+    if options.state in ("dead", "failed", "suspended"):
+        return options.state
+    return "retried" if options.counted else "handed-back"
 
 
 # --------------------------------------------------------------------------- steps
@@ -323,6 +421,11 @@ class StepRecord:
     event: str | None = None
     since: float | None = None
     deadline: float | None = None
+    #: When the step began (its first execution on this claim, a sleep or a
+    #: wait when it was recorded) and when it ended (completed or failed), on
+    #: the driver's clock as the worker reads it; ``None`` when not recorded.
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 class StepStore(Protocol):
@@ -433,6 +536,15 @@ class StepView:
     executions: int
     output: Any = None
     error: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to end, when both are recorded."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.started_at)
 
 
 @attrs.frozen
@@ -464,6 +576,9 @@ class JobView:
     #: ``None`` when the row does not say (enqueued before the flag was stored):
     #: a reader without the job's handle then treats it as sensitive.
     sensitive: bool | None = None
+    #: The newest claims of the job, oldest first (``show`` fills it; a list
+    #: row leaves it empty): see :class:`AttemptRecord`.
+    attempt_log: Sequence[AttemptRecord] = ()
 
 
 @attrs.frozen
@@ -488,6 +603,13 @@ def _check_limit(_inst: object, _attr: attrs.Attribute[Any], limit: int) -> None
         )
 
 
+def _check_text(_inst: object, attr: attrs.Attribute[Any], value: str | None) -> None:
+    # A filter value no driver can store matches no row; PostgreSQL would
+    # raise on it instead, so every driver refuses it the same way.
+    if isinstance(value, str):
+        check_text(value, what=f"the {attr.name} filter", code=ErrorCode.X_INVARIANT)
+
+
 def _check_cursors(inst: ListFilter, _attr: attrs.Attribute[Any], before: str | None) -> None:
     if before is not None and inst.after is not None:
         raise JobsError(ErrorCode.X_INVARIANT, "pass after or before, not both")
@@ -499,15 +621,16 @@ class ListFilter:
 
     Validated once, where it is built (every layer after it trusts it): a
     ``state`` outside :data:`ALL_STATES` or both ``after`` and ``before`` is
-    ``X_INVARIANT``; a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
+    ``X_INVARIANT``, and so is a text filter holding a character no driver
+    stores (NUL); a ``limit`` outside 1..:data:`MAX_JOB_PAGE` is
     ``X_JOB_PAGE_INVALID``. (A cursor that does not decode is the driver's
     ``X_JOB_PAGE_INVALID``.)"""
 
-    queue: str | None = None
-    name: str | None = None
+    queue: str | None = attrs.field(default=None, validator=_check_text)
+    name: str | None = attrs.field(default=None, validator=_check_text)
     state: str | None = attrs.field(default=None, validator=_check_state)
-    tenant_id: str | None = None
-    id_prefix: str | None = None
+    tenant_id: str | None = attrs.field(default=None, validator=_check_text)
+    id_prefix: str | None = attrs.field(default=None, validator=_check_text)
     created_from: float | None = None
     created_to: float | None = None
     limit: int = attrs.field(default=50, validator=_check_limit)
@@ -519,13 +642,26 @@ class ListFilter:
 class BulkFilter:
     """What a bulk operation (``remove_many``, ``requeue_many``, ``promote_many``) touches.
 
-    Validated where it is built: a ``state`` outside :data:`ALL_STATES` is
-    ``X_INVARIANT``."""
+    Validated where it is built: a ``state`` outside :data:`ALL_STATES`, or a
+    text filter holding a character no driver stores (NUL), is ``X_INVARIANT``."""
 
     state: str = attrs.field(validator=_check_state)
-    queue: str | None = None
-    name: str | None = None
-    tenant_id: str | None = None
+    queue: str | None = attrs.field(default=None, validator=_check_text)
+    name: str | None = attrs.field(default=None, validator=_check_text)
+    tenant_id: str | None = attrs.field(default=None, validator=_check_text)
+
+
+BulkAction = Literal["remove", "requeue", "promote"]
+
+
+@attrs.frozen
+class BulkPreview:
+    """What a bulk operation would do, written nowhere: ``count`` rows would move
+    if it were called until ``remaining`` is 0 now, and ``sample`` is the first
+    of them, in the order it would take them (oldest first)."""
+
+    count: int
+    sample: Sequence[JobView] = ()
 
 
 @attrs.frozen
@@ -568,12 +704,24 @@ class CounterRow:
     failed: int = 0
     dead: int = 0
     duration: float = 0.0
+    #: The queue the job settled in (the last one, should a job name have moved
+    #: between queues within the bucket); ``None`` for a row written before
+    #: counters carried it.
+    queue: str | None = None
 
 
 class JobIntrospection(Protocol):
     """The operator surface. The CLI, the dashboard and tests read nothing else."""
 
     async def show(self, job_id: str) -> JobView: ...
+    async def resolve_id(self, prefix: str) -> str:
+        """The id of the one job whose id starts with ``prefix``: the start of a
+        lowercase canonical id, at least :data:`MIN_ID_PREFIX` characters (the
+        facade checks its form). ``X_JOB_NOT_FOUND`` when no job matches;
+        ``X_ID_AMBIGUOUS`` when several do, with up to five of them in
+        ``meta["matches"]``."""
+        ...
+
     async def list(self, filter: ListFilter) -> JobPage: ...
     async def requeue(self, job_id: str, from_step: str | None = None) -> JobView: ...
     async def cancel(self, job_id: str, reason: str | None = None) -> JobView: ...
@@ -582,6 +730,16 @@ class JobIntrospection(Protocol):
     async def requeue_many(self, filter: BulkFilter) -> BulkResult: ...
     async def promote(self, job_id: str) -> JobView: ...
     async def promote_many(self, filter: BulkFilter) -> BulkResult: ...
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        """A dry run of ``<action>_many(filter)``, writing nothing: how many rows it
+        would move, called until ``remaining`` is 0, and the first ``sample`` of
+        them (0 to :data:`MAX_PREVIEW_SAMPLE`), oldest first. A filter the action
+        refuses is refused alike (``remove`` of running rows, ``requeue`` of live
+        ones, ``promote`` of a state it does not move)."""
+        ...
+
     async def resolve_step(
         self, job_id: str, step: str, *, ran: bool, output: Any = None
     ) -> None: ...
@@ -699,6 +857,13 @@ class JobDriver(Protocol):
         ...
 
     async def stats(self) -> list[QueueStats]: ...
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        """The job's attempt log, oldest first (at most :data:`MAX_ATTEMPT_LOG`
+        entries; empty for an id no row has). The claims, settles, reaps and
+        heartbeats write it in their own statements: reading it is the only
+        call it costs."""
+        ...
 
 
 class DriverTransaction(Protocol):

@@ -15,6 +15,8 @@ from typing import Any
 
 import trio
 
+from ..logging import emit
+
 __all__ = ["PROBE_PREFIX", "PROBE_TIMEOUT", "PushWake"]
 
 #: Payloads starting with this are probes, never queue names.
@@ -129,19 +131,16 @@ class PushWake:
         with trio.move_on_after(PROBE_TIMEOUT):
             await self._probe_back.wait()
             if not self.live:
-                self._logger.info(
-                    "jobs.wake.live", extra={"event": "jobs.wake.live", **self._log_fields}
-                )
+                emit(self._logger, logging.INFO, "jobs.wake.live", **self._log_fields)
             self.live = True
             return
         self.live = False
         if not self._reported_unverified:
             self._reported_unverified = True
-            self._logger.warning(
+            emit(
+                self._logger,
+                logging.WARNING,
                 "jobs.wake.unverified",
-                extra={
-                    "event": "jobs.wake.unverified",
-                    **self._log_fields,
-                    "hint": self._unverified_hint,
-                },
+                **self._log_fields,
+                hint=self._unverified_hint,
             )

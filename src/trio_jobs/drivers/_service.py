@@ -18,6 +18,8 @@ from typing import Any
 
 import trio
 
+from ..logging import emit
+
 __all__ = ["ServiceTasks"]
 
 
@@ -71,9 +73,11 @@ class ServiceTasks:
                         inner.cancel_scope.cancel()
             except BaseException as exc:
                 if not isinstance(exc, trio.Cancelled):
-                    logger.warning(
+                    emit(
+                        logger,
+                        logging.WARNING,
                         f"jobs.{label}.service_failed",
-                        extra={"event": f"jobs.{label}.service_failed", "kind": type(exc).__name__},
+                        kind=type(exc).__name__,
                     )
             finally:
                 self._nursery = None
@@ -101,7 +105,7 @@ class ServiceTasks:
             try:
                 await fn()
             except Exception:
-                logger.exception(f"jobs.{label}.task_failed")
+                emit(logger, logging.ERROR, f"jobs.{label}.task_failed", exc_info=True)
 
         nursery.start_soon(guarded)
 

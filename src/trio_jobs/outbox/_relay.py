@@ -27,6 +27,7 @@ import trio
 from .._time import Duration, parse_duration
 from ..drivers._protocol import ENQUEUE_CHUNK, EnqueueRequest, JobDriver
 from ..errors import ErrorCode, JobsError
+from ..logging import emit
 from ._codec import decode
 from ._protocol import OutboxRow, OutboxStore
 
@@ -78,8 +79,16 @@ def _job_id_of(row: OutboxRow) -> str | None:
     return None
 
 
+def _job_name_of(row: OutboxRow) -> str | None:
+    """The job a job row was staged for (``None`` for an event row)."""
+    data = row.data
+    if isinstance(data, dict) and data.get("kind") == "job" and isinstance(data.get("name"), str):
+        return str(data["name"])
+    return None
+
+
 def _log(level: int, event: str, **fields: Any) -> None:
-    log.log(level, event, extra={"event": event, **fields})
+    emit(log, level, event, **fields)
 
 
 class Relay:
@@ -256,6 +265,7 @@ class Relay:
                     logging.ERROR,
                     "jobs.outbox.publish-failed",
                     job_id=_job_id_of(row),
+                    job=_job_name_of(row),
                     attempt=row.attempts,
                     row_id=row.id,
                     seq=row.seq,

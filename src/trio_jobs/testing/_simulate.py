@@ -650,6 +650,10 @@ class _SimDriver:
     async def stats(self) -> Any:
         return await self._call("stats", self._d.stats)
 
+    async def attempt_log(self, job_id: str) -> Any:
+        # An operator's read: never gated (no worker path calls it).
+        return await self._d.attempt_log(job_id)
+
 
 class _Sub:
     def __init__(self, owner: _SimDriver, prefix: str, target: Any) -> None:

@@ -22,6 +22,7 @@ Needs pytest-trio with ``trio_mode = true``.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,10 @@ import pytest
 import trio
 
 from ..drivers._protocol import (
+    CANCELLED_LINE,
+    LAPSED_LINE,
+    MAX_ATTEMPT_ERROR,
+    MAX_ATTEMPT_LOG,
     MAX_BULK_ROWS,
     AckOptions,
     BulkFilter,
@@ -44,6 +49,7 @@ from ..drivers._protocol import (
     ListFilter,
     NackOptions,
     Progress,
+    StepMark,
     StepRecord,
     WorkerInfo,
 )
@@ -527,7 +533,164 @@ class DriverConformance:
             view = await intro.show(again[1].id)
             assert view.attempts == 1
 
+    # ------------------------------------------------------------------ the attempt log
+
+    async def test_the_attempt_log_records_each_claim_and_how_it_ended(
+        self, target: Target
+    ) -> None:
+        """The claim opens an entry, a heartbeat writes the step in progress, the
+        settle closes it with the outcome and the error's code and first line."""
+        d = target.driver
+        await d.enqueue_many([request(key="log", max_attempts=3)])
+        t0 = d.now()
+        job = await _one(d, "w1")
+        [entry] = await d.attempt_log(job.id)
+        assert (entry.attempt, entry.worker_id, entry.outcome, entry.ended_at) == (
+            1,
+            "w1",
+            None,
+            None,
+        )
+        assert entry.started_at == pytest.approx(t0, abs=1e-3)
+        await target.advance(2.0)
+        mark = StepMark("charge", d.now())
+        beat = HeartbeatRequest(job.id, job.fence, step=mark)
+        assert await d.heartbeat([beat], VT) == [HeartbeatStatus.OK]
+        [entry] = await d.attempt_log(job.id)
+        assert entry.step == "charge"
+        assert entry.step_started_at == pytest.approx(mark.started_at, abs=1e-3)
+        await target.advance(1.0)
+        message = "X_BOOM: the card was declined\nTraceback (most recent call last):\n  ..."
+        assert await d.nack(
+            job.id,
+            NackOptions(
+                fence=job.fence,
+                state="ready",
+                counted=True,
+                error_code="X_BOOM",
+                last_error=message,
+            ),
+        )
+        [entry] = await d.attempt_log(job.id)
+        assert (entry.outcome, entry.error_code, entry.error) == (
+            "retried",
+            "X_BOOM",
+            "X_BOOM: the card was declined",
+        )
+        assert entry.ended_at == pytest.approx(t0 + 3.0, abs=1e-3)
+        # An uncounted hand-back (a drain), the same attempt again, then done.
+        second = await _one(d, "w2")
+        assert await d.heartbeat([HeartbeatRequest(second.id, second.fence)], VT) == ["ok"]
+        assert await d.nack(
+            second.id, NackOptions(fence=second.fence, state="ready", counted=False)
+        )
+        third = await _one(d, "w3")
+        await target.advance(1.0)
+        assert await d.ack(third.id, AckOptions(fence=third.fence))
+        log = await d.attempt_log(job.id)
+        assert [(e.attempt, e.worker_id, e.outcome, e.error_code) for e in log] == [
+            (1, "w1", "retried", "X_BOOM"),
+            (2, "w2", "handed-back", None),
+            (2, "w3", "done", None),
+        ]
+        assert log[1].step is None  # its heartbeat said: between steps
+        for earlier, later in itertools.pairwise(log):
+            assert earlier.ended_at is not None
+            assert earlier.started_at <= earlier.ended_at <= later.started_at
+        assert await d.attempt_log(str(uuid.uuid4())) == []
+        intro = d.introspect
+        if intro is not None:
+            assert list((await intro.show(job.id)).attempt_log) == log
+
+    async def test_the_attempt_log_records_lapses_and_orphans_and_keeps_the_newest(
+        self, target: Target
+    ) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="long", max_attempts=50)])
+        first = await _one(d, "w1")
+        await target.advance(VT + 1)
+        second = await _one(d, "w2")  # the reap closes the lapsed claim's entry
+        lapsed, current = await d.attempt_log(first.id)
+        assert (lapsed.outcome, lapsed.error_code, lapsed.error) == (
+            "lapsed",
+            ErrorCode.X_JOB_LEASE_LOST,
+            LAPSED_LINE,
+        )
+        assert (current.attempt, current.worker_id, current.outcome) == (2, "w2", None)
+        assert await d.release_orphans("w2", frozenset()) == [second.id]
+        orphaned = (await d.attempt_log(first.id))[-1]
+        assert (orphaned.outcome, orphaned.error_code) == ("handed-back", "X_DRIVER_UNAVAILABLE")
+        assert orphaned.error is not None
+        assert len(orphaned.error) <= MAX_ATTEMPT_ERROR
+        for n in range(MAX_ATTEMPT_LOG + 3):
+            job = await _one(d, f"w{n}")
+            assert await d.nack(job.id, NackOptions(fence=job.fence, state="ready", counted=False))
+        log = await d.attempt_log(first.id)
+        assert len(log) == MAX_ATTEMPT_LOG
+        assert log[-1].worker_id == f"w{MAX_ATTEMPT_LOG + 2}"
+        assert log[0].worker_id == "w3"  # the oldest went first
+        # A lapse on the final attempt: buried by the claim, its entry closed.
+        await d.enqueue_many([request(key="last", max_attempts=1, queue="q.last")])
+        last = await _one(d, "w1", "q.last")
+        await target.advance(VT + 1)
+        got = await d.claim(_claim("w9", queue="q.last"))
+        assert [x.id for x in got.exhausted] == [last.id]
+        [entry] = await d.attempt_log(last.id)
+        assert (entry.outcome, entry.error_code) == ("lapsed", ErrorCode.X_JOB_LEASE_LOST)
+
+    async def test_a_cancel_of_a_running_job_closes_its_attempt(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        await d.enqueue_many([request(key="c"), request(key="w", delay=60)])
+        job = await _one(d)
+        await intro.cancel(job.id, reason="customer left")
+        [entry] = (await intro.show(job.id)).attempt_log
+        assert (entry.outcome, entry.error_code, entry.error) == (
+            "cancelled",
+            ErrorCode.X_ABORTED,
+            CANCELLED_LINE,
+        )
+        assert not await d.ack(job.id, AckOptions(fence=job.fence))
+        assert list((await intro.show(job.id)).attempt_log) == [entry]
+        waiting = (await intro.list(ListFilter(state="delayed"))).rows[0]
+        await intro.cancel(waiting.id)
+        assert (await intro.show(waiting.id)).attempt_log == ()  # never claimed
+
+    async def test_counters_say_which_queue_their_job_settled_in(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        start = d.now() - 1
+        await d.enqueue_many([request("cq", key="a", queue="qa"), request("cq.b", key="b")])
+        a = await _one(d, queue="qa")
+        b = await _one(d)
+        await d.ack(a.id, AckOptions(fence=a.fence))
+        await d.nack(b.id, NackOptions(fence=b.fence, state="dead"))
+        queues = {r.name: r.queue for r in await intro.counters(None, start)}
+        assert queues == {"cq": "qa", "cq.b": "default"}
+
     # ------------------------------------------------------------------ steps
+
+    async def test_a_step_record_keeps_when_it_started_and_ended(self, target: Target) -> None:
+        d = target.driver
+        await d.enqueue_many([request(key="times")])
+        job = await _one(d)
+        t = d.now()
+        started = StepRecord("pay", "started", 1, 1, started_at=t)
+        assert await d.steps.put(job.id, job.fence, started)
+        assert await d.steps.load(job.id) == [started]
+        done = StepRecord(
+            "pay", "completed", 1, 1, output={"ok": True}, started_at=t, ended_at=t + 2.5
+        )
+        assert await d.steps.put(job.id, job.fence, done)
+        assert await d.steps.load(job.id) == [done]
+        assert await d.nack(job.id, NackOptions(fence=job.fence, state="ready", counted=False))
+        again = await _one(d)
+        if again.steps is not None:
+            assert list(again.steps) == [done]
+        intro = d.introspect
+        if intro is not None:
+            [view] = (await intro.show(job.id)).steps
+            assert (view.started_at, view.ended_at, view.duration) == (t, t + 2.5, 2.5)
 
     async def test_steps_are_fenced_ordered_and_replaced_in_place(self, target: Target) -> None:
         d = target.driver
@@ -813,6 +976,48 @@ class DriverConformance:
             await intro.show(str(uuid.uuid4()))
         assert err.value.code == "X_JOB_NOT_FOUND"
 
+    async def test_resolve_id_answers_the_one_job_a_prefix_names(self, target: Target) -> None:
+        """``resolve_id``: the one job whose id starts with the prefix; none is
+        ``X_JOB_NOT_FOUND``, several ``X_ID_AMBIGUOUS`` naming some of them."""
+        d = target.driver
+        intro = _intro(d)
+        twins = ["6b63347c-1d2c-4c3b-9a8e-7f6d5c4b3a21", "6b63347c-1d2c-4c3b-9a8e-8f6d5c4b3a21"]
+        lone = "6b63347d-0000-4000-8000-000000000001"
+        await d.enqueue_many([request(key=f"r{i}", id=i_d) for i, i_d in enumerate([*twins, lone])])
+        assert await intro.resolve_id("6b63347d") == lone
+        assert await intro.resolve_id("6b63347d-0000-4") == lone
+        assert await intro.resolve_id(twins[0][:25]) == twins[0]
+        assert await intro.resolve_id(twins[1]) == twins[1]  # a whole id is its own prefix
+        for prefix in ("6b63347c", "6b63347c-1d2c-4c3b-9a8e-"):
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id(prefix)
+            assert err.value.code == "X_ID_AMBIGUOUS"
+            assert err.value.meta["matches"] == twins
+            assert twins[0] in err.value.message
+        for prefix in ("6b63347e", "00000000", "ffffffff-ffff"):
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id(prefix)
+            assert err.value.code == "X_JOB_NOT_FOUND"
+        # A row staged in an open transaction is nobody's yet.
+        async with d.transaction() as tx:
+            await tx.enqueue_many(
+                [request(key="staged", id="7a000000-0000-4000-8000-000000000000")]
+            )
+            with pytest.raises(JobsError) as err:
+                await intro.resolve_id("7a000000")
+            assert err.value.code == "X_JOB_NOT_FOUND"
+        assert await intro.resolve_id("7a000000") == "7a000000-0000-4000-8000-000000000000"
+
+    async def test_an_ambiguous_prefix_names_at_most_five_jobs(self, target: Target) -> None:
+        d = target.driver
+        intro = _intro(d)
+        ids = [f"5a5a5a5a-0000-4000-8000-00000000000{i}" for i in range(8)]
+        await d.enqueue_many([request(key=f"m{i}", id=i_d) for i, i_d in enumerate(ids)])
+        with pytest.raises(JobsError) as err:
+            await intro.resolve_id("5a5a5a5a")
+        assert err.value.code == "X_ID_AMBIGUOUS"
+        assert err.value.meta["matches"] == ids[:5]
+
     async def test_the_row_says_whether_its_job_is_sensitive(self, target: Target) -> None:
         # A reader holding no job handle (the CLI) redacts on the row's word.
         d = target.driver
@@ -974,6 +1179,52 @@ class DriverConformance:
         stats = await d.stats()
         assert sum(s.dead for s in stats) == 1
         assert sum(s.ready for s in stats) == 3
+
+    async def test_a_bulk_preview_counts_and_samples_what_the_bulk_call_then_moves(
+        self, target: Target
+    ) -> None:
+        """``preview_many`` writes nothing; its count is what the bulk call then
+        moves (called until nothing remains) and its sample the first of those
+        rows, oldest first; it refuses what the bulk call refuses."""
+        d = target.driver
+        intro = _intro(d)
+        # requeue: k0 is held by a live job, k1 has two dead rows (one moves).
+        reqs = [request("pv", key=k) for k in ("k0", "k1", "k2", "k1")]
+        for req in reqs:
+            await d.enqueue_many([req])
+            job = await _one(d)
+            await d.nack(job.id, NackOptions(fence=job.fence, state="dead"))
+            await target.advance(1.0)
+        await d.enqueue_many([request("pv", key="k0")])
+        before = await d.stats()
+        preview = await intro.preview_many("requeue", BulkFilter(state="dead", name="pv"), 5)
+        assert preview.count == 2
+        assert [v.id for v in preview.sample] == [reqs[1].id, reqs[2].id]
+        assert all(v.state == "dead" and v.name == "pv" for v in preview.sample)
+        assert await d.stats() == before  # nothing moved
+        short = await intro.preview_many("requeue", BulkFilter(state="dead", name="pv"), 1)
+        assert (short.count, [v.id for v in short.sample]) == (2, [reqs[1].id])
+        moved = await intro.requeue_many(BulkFilter(state="dead", name="pv"))
+        assert moved.affected == preview.count
+        assert {(await intro.show(v.id)).state for v in preview.sample} == {"ready"}
+        # remove: every matching row; promote: the delayed ones.
+        await d.enqueue_many([request("pv2", key=f"d{i}", delay=100.0) for i in range(3)])
+        removal = await intro.preview_many("remove", BulkFilter(state="delayed", name="pv2"), 0)
+        assert (removal.count, list(removal.sample)) == (3, [])
+        promotion = await intro.preview_many("promote", BulkFilter(state="delayed"), 2)
+        assert promotion.count == 3
+        assert len(promotion.sample) == 2
+        assert (await intro.promote_many(BulkFilter(state="delayed"))).affected == 3
+        nothing = await intro.preview_many("promote", BulkFilter(state="delayed"), 5)
+        assert (nothing.count, list(nothing.sample)) == (0, [])
+        for action, state, code in (
+            ("remove", "running", "X_JOB_NOT_REMOVABLE"),
+            ("requeue", "ready", "X_JOB_NOT_REQUEUEABLE"),
+            ("promote", "done", "X_INVARIANT"),
+        ):
+            with pytest.raises(JobsError) as err:
+                await intro.preview_many(action, BulkFilter(state=state), 5)
+            assert err.value.code == code
 
     async def test_promote_rules(self, target: Target) -> None:
         d = target.driver

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 try:
     import hypercorn  # noqa: F401
+    import jinja2  # noqa: F401
     import prometheus_client  # noqa: F401
     import starlette  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised without the extra only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import trio
@@ -9,6 +10,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -16,7 +18,7 @@ from starlette.routing import Mount, Route
 from .._facade import Jobs
 from ..errors import ErrorCode, JobsError
 from ._app import Dashboard, create_app
-from ._security import Auth, is_loopback_host
+from ._security import Auth, HostGuard, is_loopback_host
 
 __all__ = ["DEFAULT_PREFIX", "serve", "standalone_app"]
 
@@ -31,15 +33,22 @@ def standalone_app(
     prefix: str = DEFAULT_PREFIX,
     secret: bytes | None = None,
     reveal_unregistered: bool = False,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The dashboard mounted at ``prefix``, ``/metrics`` at the top, ``/`` redirecting
-    to the dashboard: what :func:`serve` and ``trio-jobs dashboard`` serve."""
+    to the dashboard: what :func:`serve` and ``trio-jobs dashboard`` serve. Every
+    route, ``/metrics`` and ``/`` included, checks ``Host`` as
+    :func:`~trio_jobs.web.create_app` says."""
     if not prefix.startswith("/") or prefix.endswith("/") or len(prefix) < 2:
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID, "prefix is a path like /admin/jobs (no trailing slash)"
         )
     dashboard_app = create_app(
-        jobs, auth=auth, secret=secret, reveal_unregistered=reveal_unregistered
+        jobs,
+        auth=auth,
+        allowed_hosts=allowed_hosts,
+        secret=secret,
+        reveal_unregistered=reveal_unregistered,
     )
     dashboard: Dashboard = dashboard_app.state.dashboard
 
@@ -51,7 +60,8 @@ def standalone_app(
             Route("/", home, methods=["GET", "HEAD"]),
             Route("/metrics", dashboard.metrics, methods=["GET", "HEAD"]),
             Mount(prefix, app=dashboard_app),
-        ]
+        ],
+        middleware=[Middleware(HostGuard, rules=dashboard.hosts)],
     )
 
 
@@ -64,6 +74,7 @@ async def serve(
     prefix: str = DEFAULT_PREFIX,
     secret: bytes | None = None,
     reveal_unregistered: bool = False,
+    allowed_hosts: Iterable[str] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the dashboard at ``http://host:port/admin/jobs/`` and metrics at
@@ -72,7 +83,9 @@ async def serve(
 
     Without ``auth`` a host that is not loopback (``0.0.0.0``, a LAN address, a
     hostname) is refused with ``X_CONFIG_INVALID`` before anything binds: the
-    dashboard would otherwise be one proxy away from the world.
+    dashboard would otherwise be one proxy away from the world. Requests are
+    answered only under the ``Host`` names ``allowed_hosts`` lists (with
+    ``auth``), else under ``localhost`` or a loopback address on this port.
     """
     if auth is None and not is_loopback_host(host):
         raise JobsError(
@@ -84,7 +97,12 @@ async def serve(
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise JobsError(ErrorCode.X_CONFIG_INVALID, "port is a whole number, 0 to 65535")
     app = standalone_app(
-        jobs, auth=auth, prefix=prefix, secret=secret, reveal_unregistered=reveal_unregistered
+        jobs,
+        auth=auth,
+        prefix=prefix,
+        secret=secret,
+        reveal_unregistered=reveal_unregistered,
+        allowed_hosts=allowed_hosts,
     )
     config = Config()
     name = host.strip("[]")

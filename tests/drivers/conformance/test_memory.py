@@ -1,4 +1,4 @@
-"""The conformance suite on the memory driver."""
+"""The conformance suite on the memory driver, and the facade's refusals on it."""
 
 from collections.abc import AsyncIterator
 
@@ -7,8 +7,10 @@ import pytest
 from trio_jobs.drivers import memory_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
+from ..refusals import RefusalConformance
 
-class TestMemoryConformance(DriverConformance):
+
+class TestMemoryConformance(DriverConformance, RefusalConformance):
     @pytest.fixture
     async def target(self) -> AsyncIterator[Target]:
         clock = ManualClock()

@@ -14,10 +14,12 @@ import pytest
 from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
+from ..refusals import RefusalConformance
+
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresConformance(DriverConformance):
+class TestPostgresConformance(DriverConformance, RefusalConformance):
     @pytest.fixture
     async def target(self, pg_dsn: str, pg_schema: str) -> AsyncIterator[Target]:
         clock = ManualClock()

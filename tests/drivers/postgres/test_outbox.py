@@ -196,7 +196,9 @@ async def test_a_failing_batch_falls_back_to_the_row_loop_up_to_the_poison_row(
     # the batch call, then the row loop: one call per row, in order, up to the poison row
     assert world.queue.calls == [ids, *([i] for i in ids[:5])]
     assert world.queue.published == ids[:4]
-    failed = [r for r in caplog.records if r.getMessage() == "jobs.outbox.publish-failed"]
+    failed = [
+        r for r in caplog.records if getattr(r, "event", None) == "jobs.outbox.publish-failed"
+    ]
     assert len(failed) == 1
     assert failed[0].row_id == ids[4]  # type: ignore[attr-defined]
     assert failed[0].code == "X_INVARIANT"  # type: ignore[attr-defined]
@@ -238,7 +240,9 @@ async def test_a_row_this_version_cannot_read_is_one_poison_row(
     assert await relay.relay_once() == 1  # up to the unreadable row
     assert await relay.relay_once() == 1  # the row after it is not blocked
     assert world.queue.published == before + after
-    (failed,) = [r for r in caplog.records if r.getMessage() == "jobs.outbox.publish-failed"]
+    (failed,) = [
+        r for r in caplog.records if getattr(r, "event", None) == "jobs.outbox.publish-failed"
+    ]
     assert failed.row_id == junk  # type: ignore[attr-defined]
     assert failed.code == "X_INVARIANT"  # type: ignore[attr-defined]
     assert "s3cr3t" not in str(failed.__dict__)

@@ -293,31 +293,39 @@ def test_two_worker_processes_hold_a_concurrency_2_cap(
 def test_an_idle_worker_is_woken_by_an_enqueue_from_another_process(
     procs: Procs, dsn: str, pg_dsn: str, pg_schema: str
 ) -> None:
-    # A 30 s idle ceiling: only the wake can explain a pickup within a second.
-    worker = procs.worker("--idle-poll-max", "30s")
+    # A 30 s poll, from the first idle pass on: only the wake can explain a
+    # pickup within seconds (a missed one waits the 30 s out).
+    worker = procs.worker("--poll-interval", "30s", "--idle-poll-max", "30s")
     procs.wait_log(worker, "jobs.wake.live")
-    time.sleep(1.0)  # idle: the poll has backed off past a second
+    time.sleep(0.5)  # idle, in its 30 s wait
     latencies = []
     for i in range(4):
+        # From the enqueue's return (its commit landed): the enqueuer's own
+        # commit (an fsync the server may stall under load) is not the wake's.
         (job_id,) = enqueue(dsn, process_jobs.pickup, f"p{i}")
-        started = wait_until(
-            lambda job_id=job_id: sql(
-                pg_dsn,
-                pg_schema,
-                "SELECT e.at - j.created_at FROM proc_effects e JOIN trio_jobs_jobs j "
-                "ON j.idempotency_key = 'pickup:' || e.key WHERE j.id = %s",
-                (job_id,),
-            ),
-            5,
-            "the pickup",
-        )
-        latencies.append(float(started[0][0]))
-        time.sleep(1.5)  # idle again before the next one
+        committed = sql(pg_dsn, pg_schema, "SELECT extract(epoch FROM clock_timestamp())")
+        try:
+            started = wait_until(
+                lambda job_id=job_id: sql(
+                    pg_dsn,
+                    pg_schema,
+                    "SELECT e.at FROM proc_effects e JOIN trio_jobs_jobs j "
+                    "ON j.idempotency_key = 'pickup:' || e.key WHERE j.id = %s",
+                    (job_id,),
+                ),
+                10,
+                f"the pickup of p{i}",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker's log:\n{procs.log(worker)}") from None
+        latencies.append(max(0.0, float(started[0][0]) - float(committed[0][0])))
+        time.sleep(0.5)  # idle again before the next one
     print(
         f"pickup across processes: median {statistics.median(latencies) * 1000:.1f} ms, "
         f"max {max(latencies) * 1000:.1f} ms"
     )
-    assert max(latencies) < 1.0, latencies
+    # Seconds of slack for a loaded machine; a missed wake costs the 30 s poll.
+    assert max(latencies) < 5.0, (latencies, procs.log(worker))
 
 
 # --------------------------------------------------------------------------- transactions

@@ -399,6 +399,8 @@ async def test_a_renewal_does_not_scan_the_finished_rows(
         "worker_ids": [c.fence.worker_id for c in held],
         "claims": [c.fence.claim for c in held],
         "progress": [None] * len(held),
+        "steps": [None] * len(held),
+        "step_since": [None] * len(held),
         "visibility": 30.0,
     }
     with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as conn:

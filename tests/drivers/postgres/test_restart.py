@@ -180,10 +180,10 @@ async def test_two_restarts_under_load_kill_no_job_and_double_no_effect(
     assert [calls[(f"rs.once:{i}", "charge")] for i in range(PER_KIND)] == [1] * PER_KIND
     # The restarts were felt: some of the library's statements met them and were retried.
     felt = Counter(
-        r.getMessage()
+        getattr(r, "event", None)
         for r in caplog.records
         if r.name == "trio_jobs"
-        and r.getMessage()
+        and getattr(r, "event", None)
         in (
             "jobs.step.retry",
             "jobs.settle.retry",

@@ -65,3 +65,38 @@ async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
 
 async def test_many_runs_queue_behind_few_keys(pg_dsn: str, pg_schema: str) -> None:
     await check_many_runs_queue_behind_few_keys(postgres_driver(pg_dsn, schema=pg_schema))
+
+
+@job(name="e2e.nul", input=int, idempotency_key=lambda i: f"nul:{i}")
+async def fails_with_nul(ctx: JobContext[int]) -> None:
+    await ctx.step.run("decode", _raise_nul)
+
+
+def _raise_nul() -> None:
+    raise ValueError("bad byte \x00 in \ud800 input")
+
+
+async def test_an_error_message_holding_nul_is_recorded_not_refused(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """PostgreSQL text holds no NUL: an exception whose message carries one (a
+    decoder's, say) made the settle and the step record fail with a raw
+    DataError, and the run stayed held until its lease lapsed. The message is
+    recorded with U+FFFD in place of what no driver can store."""
+    async with open_jobs(postgres_driver(pg_dsn, schema=pg_schema), jobs=[fails_with_nul]) as jobs:
+        got = await fails_with_nul.enqueue(1)
+        worker = Worker(jobs, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                while (await jobs.show(got.id)).attempts < 3 or (  # noqa: ASYNC110 — bounded wait
+                    await jobs.show(got.id)
+                ).state != "dead":
+                    await trio.sleep(0.05)
+            await worker.drain()
+        view = await jobs.show(got.id)
+    assert view.last_error is not None
+    assert "ValueError: bad byte \ufffd in \ufffd input" in view.last_error
+    assert [(s.name, s.status, s.error) for s in view.steps] == [
+        ("decode", "failed", "ValueError: bad byte \ufffd in \ufffd input")
+    ]

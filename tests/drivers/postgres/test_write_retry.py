@@ -173,7 +173,9 @@ async def until(check: Any, *, timeout: float = 30.0, what: str = "condition") -
 
 
 def events(caplog: Any, event: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "trio_jobs" and r.getMessage() == event]
+    return [
+        r for r in caplog.records if r.name == "trio_jobs" and getattr(r, "event", None) == event
+    ]
 
 
 # --------------------------------------------------------------------------- the driver

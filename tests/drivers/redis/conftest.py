@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
-from trio_jobs.drivers import EnqueueRequest
+from trio_jobs.drivers import EnqueueRequest, JobDriver
 from trio_jobs.drivers.redis import RedisDriver, redis_driver
 
 REDIS_URL = os.environ.get("REDIS_URL")
@@ -81,3 +81,27 @@ def req(key: str, *, name: str = "job", queue: str = "default", **kw: object) ->
         max_attempts=3,
         **kw,  # type: ignore[arg-type]
     )
+
+
+async def contents(driver: JobDriver) -> dict[str, object]:
+    """Every key under the driver's prefix with what it holds (read directly,
+    outside the driver's scripts): equal before and after a call means the call
+    wrote nothing."""
+    assert isinstance(driver, RedisDriver)
+    client = driver.client
+    out: dict[str, object] = {}
+    async for key in client.scan_iter(match=f"{driver.prefix}:*", count=1000):
+        kind = await client.type(key)
+        value: object
+        if kind == "hash":
+            value = await client.hgetall(key)
+        elif kind == "zset":
+            value = await client.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            value = sorted(await client.smembers(key))
+        elif kind == "list":
+            value = await client.lrange(key, 0, -1)
+        else:
+            value = await client.get(key)
+        out[key] = (kind, value)
+    return out

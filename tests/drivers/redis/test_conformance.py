@@ -15,12 +15,14 @@ import pytest
 from trio_jobs.drivers.redis import redis_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
+from ..refusals import RefusalConformance
+from .conftest import contents
 from .conftest import pytestmark as _skip_without_redis
 
 pytestmark = _skip_without_redis
 
 
-class TestRedisConformance(DriverConformance):
+class TestRedisConformance(DriverConformance, RefusalConformance):
     @pytest.fixture
     async def target(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Target]:
         clock = ManualClock()
@@ -28,3 +30,6 @@ class TestRedisConformance(DriverConformance):
         await driver.open()
         yield Target(driver, clock.advance)
         await driver.close()
+
+    async def written(self, target: Target) -> object:
+        return await contents(target.driver)

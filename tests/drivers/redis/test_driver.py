@@ -324,6 +324,8 @@ async def test_settles_move_minute_counters(driver: RedisDriver) -> None:
     assert sum(r.done for r in rows) == 1
     assert sum(r.dead for r in rows) == 1
     assert sum(r.duration for r in rows) == pytest.approx(1.5)
+    # each row says which queue its job settled in (a dashboard without handles reads it)
+    assert {r.queue for r in rows} == {"default"}
 
 
 async def test_a_settled_row_expires_after_its_retention(redis_url: str, redis_prefix: str) -> None:

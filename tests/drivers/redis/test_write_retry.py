@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import coredis.exceptions
 import pytest
 
 from trio_jobs.drivers import AckOptions, ClaimOptions, NackOptions
 from trio_jobs.drivers.redis import RedisDriver
-from trio_jobs.drivers.redis._driver import unavailable
+from trio_jobs.drivers.redis._client import NotConnected, translate
 from trio_jobs.errors import ErrorCode, JobsError
 
 from .conftest import req
@@ -35,7 +36,7 @@ class LostReply:
         reply = await self.real(name, args)
         if name == self.name and self.armed:
             self.armed = False
-            raise unavailable(ConnectionError("connection reset"), name)
+            raise translate(coredis.exceptions.ConnectionError("connection reset"), name)
         return reply
 
 
@@ -94,7 +95,7 @@ async def test_a_retry_whose_first_try_never_ran_lands_it(driver: RedisDriver) -
         nonlocal calls
         calls += 1
         if calls == 1:
-            raise unavailable(ConnectionRefusedError(), name)
+            raise translate(NotConnected("ConnectionRefusedError"), name)
         return await real(name, args)
 
     driver._script = refused  # type: ignore[method-assign]

@@ -23,13 +23,18 @@ from ..._time import Clock, TrioClock
 from ...errors import ErrorCode, JobsError
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
+    CANCELLED_LINE,
+    LAPSED_LINE,
     LIVE_STATES,
+    MAX_ATTEMPT_LOG,
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
-    PROMOTABLE_STATES,
     TERMINAL_STATES,
     AckOptions,
+    AttemptRecord,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     ClaimedJob,
     ClaimOptions,
@@ -52,7 +57,10 @@ from .._protocol import (
     StepRecord,
     StepView,
     WorkerInfo,
+    first_line,
+    nack_outcome,
 )
+from .._resolve import check_bulk_action, resolved_prefix
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -92,6 +100,26 @@ class _Row:
     sensitive: bool = False
     #: The concurrency lease key this ready row waits on (a busy-key hand-back).
     busy_key: str | None = None
+    #: The newest claims, oldest first (at most MAX_ATTEMPT_LOG).
+    attempt_log: list[AttemptRecord] = attrs.Factory(list)
+
+    def end_attempt(
+        self,
+        now: float,
+        outcome: str,
+        code: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Close the open attempt log entry (none open: nothing to close)."""
+        log = self.attempt_log
+        if log and log[-1].ended_at is None:
+            log[-1] = attrs.evolve(
+                log[-1],
+                ended_at=now,
+                outcome=outcome,
+                error_code=code,
+                error=first_line(message),
+            )
 
 
 def _seq(record: StepRecord) -> int:
@@ -186,6 +214,8 @@ class MemoryDriver:
         self._paused: set[str] = set()
         self._workers: dict[str, tuple[WorkerInfo, float]] = {}
         self._counters: dict[tuple[float, str], list[float]] = {}
+        #: The queue each counter cell's job settled in (the last one).
+        self._counter_queues: dict[tuple[float, str], str] = {}
         self._due: dict[str, list[tuple[int, float, int, int, str]]] = {}
         self._scheduled: list[tuple[float, int, int, str]] = []
         self._running: list[tuple[float, int, str]] = []
@@ -443,7 +473,8 @@ class MemoryDriver:
                 row.updated_at = now
                 row.version += 1
                 self._free_key(row)
-                self._count(row.name, now, state)
+                self._count(row.name, row.queue, now, state)
+                row.end_attempt(now, "lapsed", ErrorCode.X_JOB_LEASE_LOST, LAPSED_LINE)
                 exhausted.append(
                     Exhausted(
                         id=row.id,
@@ -459,6 +490,7 @@ class MemoryDriver:
                     )
                 )
             else:
+                row.end_attempt(now, "lapsed", ErrorCode.X_JOB_LEASE_LOST, LAPSED_LINE)
                 row.state = "ready"
                 row.run_at = row.lease_expires_at
                 row.fence = None
@@ -482,6 +514,8 @@ class MemoryDriver:
         row.waiting_event = None
         row.busy_key = None
         promoted, row.promoted = row.promoted, False
+        del row.attempt_log[: max(0, len(row.attempt_log) - MAX_ATTEMPT_LOG + 1)]
+        row.attempt_log.append(AttemptRecord(row.attempts, options.worker_id, now))
         self._index_running(row)
         return ClaimedJob(
             id=row.id,
@@ -521,8 +555,11 @@ class MemoryDriver:
         if self._live.get(key) == row.id:
             del self._live[key]
 
-    def _count(self, name: str, now: float, field: str, duration: float | None = None) -> None:
+    def _count(
+        self, name: str, queue: str, now: float, field: str, duration: float | None = None
+    ) -> None:
         bucket = math.floor(now / 60.0) * 60.0
+        self._counter_queues[(bucket, name)] = queue
         cell = self._counters.setdefault((bucket, name), [0, 0, 0, 0, 0.0])
         cell[_COUNTER_FIELDS[field]] += 1
         if duration is not None:
@@ -546,7 +583,8 @@ class MemoryDriver:
         row.version += 1
         self._free_key(row)
         self._release_leases(job_id)
-        self._count(row.name, now, "done", options.duration)
+        self._count(row.name, row.queue, now, "done", options.duration)
+        row.end_attempt(now, "done")
         return True
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
@@ -566,12 +604,13 @@ class MemoryDriver:
             row.last_error = options.last_error
         row.fence = None
         row.updated_at = now
+        row.end_attempt(now, nack_outcome(options), options.error_code, options.last_error)
         self._release_leases(job_id)
         if options.state in ("dead", "failed"):
             row.state = options.state
             row.version += 1
             self._free_key(row)
-            self._count(row.name, now, options.state, options.duration)
+            self._count(row.name, row.queue, now, options.state, options.duration)
             return True
         run_at = options.run_at if options.run_at is not None else now + (options.delay or 0.0)
         busy = options.busy_key
@@ -592,7 +631,7 @@ class MemoryDriver:
         else:
             row.state = "ready"
         if options.counted:
-            self._count(row.name, now, "retried", options.duration)
+            self._count(row.name, row.queue, now, "retried", options.duration)
         self._index(row)
         if run_at <= now:
             self._wake.fire()
@@ -643,6 +682,14 @@ class MemoryDriver:
             owned.lease_expires_at = now + visibility_timeout
             if req.progress is not None:
                 owned.progress = req.progress
+            log = owned.attempt_log
+            if log and log[-1].ended_at is None:
+                step = req.step
+                log[-1] = attrs.evolve(
+                    log[-1],
+                    step=step.name if step is not None else None,
+                    step_started_at=step.started_at if step is not None else None,
+                )
             self._index_running(owned)
             if self._leases:
                 for lkey, (holder, fence, _exp) in list(self._leases.items()):
@@ -650,6 +697,11 @@ class MemoryDriver:
                         self._leases[lkey] = (holder, fence, now + visibility_timeout)
             out.append(HeartbeatStatus.OK)
         return out
+
+    async def attempt_log(self, job_id: str) -> builtins.list[AttemptRecord]:
+        self._check_open()
+        row = self._rows.get(str(job_id))
+        return [] if row is None or row.tx is not None else builtins.list(row.attempt_log)
 
     async def stats(self) -> list[QueueStats]:
         self._check_open()
@@ -804,7 +856,15 @@ class _MemoryIntrospection:
         if steps:
             for rec in sorted(self._d._steps.get(row.id, {}).values(), key=lambda r: r.seq):
                 step_views.append(
-                    StepView(rec.name, rec.status, rec.executions, rec.output, rec.error)
+                    StepView(
+                        rec.name,
+                        rec.status,
+                        rec.executions,
+                        rec.output,
+                        rec.error,
+                        started_at=rec.started_at,
+                        ended_at=rec.ended_at,
+                    )
                 )
         return JobView(
             id=row.id,
@@ -829,11 +889,21 @@ class _MemoryIntrospection:
             updated_at=row.updated_at,
             worker_id=row.fence.worker_id if row.fence is not None else None,
             sensitive=row.sensitive,
+            attempt_log=tuple(row.attempt_log) if steps else (),
         )
 
     async def show(self, job_id: str) -> JobView:
         self._d._check_open()
         return self._view(self._row(job_id), steps=True)
+
+    async def resolve_id(self, prefix: str) -> str:
+        self._d._check_open()
+        matches = sorted(
+            job_id
+            for job_id, row in self._d._rows.items()
+            if row.tx is None and job_id.startswith(prefix)
+        )
+        return resolved_prefix(matches, len(matches))
 
     def _matches(self, row: _Row, f: ListFilter | BulkFilter) -> bool:
         if row.tx is not None:
@@ -935,6 +1005,8 @@ class _MemoryIntrospection:
                 f"the job already ended {row.state}; only a live job can be cancelled",
             )
         now = d.now()
+        if row.state == "running":
+            row.end_attempt(now, "cancelled", ErrorCode.X_ABORTED, CANCELLED_LINE)
         row.state = "cancelled"
         row.fence = None
         row.error_code = ErrorCode.X_ABORTED
@@ -971,11 +1043,7 @@ class _MemoryIntrospection:
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         self._d._check_open()
-        if filter.state == "running":
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REMOVABLE,
-                "running jobs cannot be removed; cancel them first",
-            )
+        check_bulk_action("remove", filter)
         rows = self._bulk_rows(filter)
         for row in rows[:MAX_BULK_ROWS]:
             self._drop(row)
@@ -986,11 +1054,7 @@ class _MemoryIntrospection:
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         d = self._d
         d._check_open()
-        if filter.state not in TERMINAL_STATES:
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REQUEUEABLE,
-                "only done, failed, dead or cancelled jobs can be requeued",
-            )
+        check_bulk_action("requeue", filter)
         movable = []
         for row in self._bulk_rows(filter):
             holder = d._live.get(_live_key(row))
@@ -1035,11 +1099,7 @@ class _MemoryIntrospection:
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
         d = self._d
         d._check_open()
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"promote_many takes state in {PROMOTABLE_STATES}",
-            )
+        check_bulk_action("promote", filter)
         now = d.now()
         rows = [r for r in self._bulk_rows(filter) if self._promotable(r, now)]
         for row in rows[:MAX_BULK_ROWS]:
@@ -1047,6 +1107,31 @@ class _MemoryIntrospection:
         d._wake.fire()
         return BulkResult(
             affected=min(len(rows), MAX_BULK_ROWS), remaining=max(0, len(rows) - MAX_BULK_ROWS)
+        )
+
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        d = self._d
+        d._check_open()
+        check_bulk_action(action, filter)
+        rows = self._bulk_rows(filter)
+        if action == "promote":
+            now = d.now()
+            rows = [r for r in rows if self._promotable(r, now)]
+        elif action == "requeue":
+            # What calling requeue_many until nothing remains moves: per key no
+            # live job holds, its oldest row (the others then find it held).
+            taken: set[tuple[str, str | None, str]] = set()
+            movable = []
+            for row in rows:
+                key = _live_key(row)
+                if key not in taken and d._live.get(key) is None:
+                    taken.add(key)
+                    movable.append(row)
+            rows = movable
+        return BulkPreview(
+            count=len(rows), sample=[self._view(r, steps=False) for r in rows[:sample]]
         )
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
@@ -1113,10 +1198,12 @@ class _MemoryIntrospection:
         d = self._d
         now = d.now()
         merged: dict[tuple[float, str], list[float]] = {}
+        queues: dict[tuple[float, str], str] = {}
         for (bucket, job_name), cell in list(d._counters.items()):
             age = now - bucket
             if age > _TIERS[-1][0]:
                 del d._counters[(bucket, job_name)]
+                d._counter_queues.pop((bucket, job_name), None)
                 continue
             if bucket < since or (name is not None and job_name != name):
                 continue
@@ -1125,8 +1212,13 @@ class _MemoryIntrospection:
             acc = merged.setdefault((tier_bucket, job_name), [0, 0, 0, 0, 0.0])
             for i in range(5):
                 acc[i] += cell[i]
+            queue = d._counter_queues.get((bucket, job_name))
+            if queue is not None:
+                queues[(tier_bucket, job_name)] = queue
         return [
-            CounterRow(b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4])
+            CounterRow(
+                b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4], queue=queues.get((b, n))
+            )
             for (b, n), c in sorted(merged.items())
         ]
 

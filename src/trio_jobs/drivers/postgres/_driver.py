@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from operator import attrgetter
 from typing import Any
 
-import attrs
+import outcome
 import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -32,14 +32,17 @@ from ..._time import Clock, SystemClock
 from ...errors import ErrorCode, JobsError
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
+    CANCELLED_LINE,
     ENQUEUE_CHUNK,
+    LAPSED_LINE,
     LIVE_STATES,
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
-    PROMOTABLE_STATES,
-    TERMINAL_STATES,
     AckOptions,
+    AttemptRecord,
+    BulkAction,
     BulkFilter,
+    BulkPreview,
     BulkResult,
     ClaimedJob,
     ClaimOptions,
@@ -62,7 +65,10 @@ from .._protocol import (
     StepRecord,
     StepView,
     WorkerInfo,
+    first_line,
+    nack_outcome,
 )
+from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
@@ -135,6 +141,31 @@ def _progress(value: Any) -> Progress | None:
     if not isinstance(value, Mapping):
         return None
     return Progress(float(value["done"]), float(value["total"]), value.get("note"))
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def attempt_records(value: Any) -> list[AttemptRecord]:
+    """An attempt log as stored (a JSON array of objects, or NULL) → records."""
+    if not isinstance(value, Sequence):
+        return []
+    return [
+        AttemptRecord(
+            attempt=int(e["attempt"]),
+            worker_id=str(e["worker_id"]),
+            started_at=float(e["started_at"]),
+            ended_at=_float_or_none(e.get("ended_at")),
+            outcome=e.get("outcome"),
+            error_code=e.get("error_code"),
+            error=e.get("error"),
+            step=e.get("step"),
+            step_started_at=_float_or_none(e.get("step_started_at")),
+        )
+        for e in value
+        if isinstance(e, Mapping)
+    ]
 
 
 def conninfo_with_schema(dsn: str, schema: str | None) -> str:
@@ -528,6 +559,7 @@ class PostgresDriver:
                 "visibility": float(options.visibility_timeout),
                 "drop_names": sorted(options.drop_names),
                 "lapse_message": _LAPSE_MESSAGE,
+                "lapsed_line": LAPSED_LINE,
                 "registry_ttl": self._registry.ttl(options.worker_id),
             },
         )
@@ -663,6 +695,9 @@ class PostgresDriver:
                 "duration": options.duration,
                 "channel": self.channel,
                 "quiet": self._quiet_queues(),
+                "outcome": nack_outcome(options),
+                "attempt_code": options.error_code,
+                "attempt_error": first_line(options.last_error),
             },
         )
         if not rows or not rows[0][0]:
@@ -678,7 +713,12 @@ class PostgresDriver:
     async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
         rows = await self._fetch(
             "release_orphans",
-            {"worker_id": worker_id, "held": sorted(held), "message": ORPHAN_MESSAGE},
+            {
+                "worker_id": worker_id,
+                "held": sorted(held),
+                "message": ORPHAN_MESSAGE,
+                "line": first_line(ORPHAN_MESSAGE),
+            },
         )
         if rows:
             self._fire(sorted({str(r[1]) for r in rows}))
@@ -697,6 +737,8 @@ class PostgresDriver:
                 "worker_ids": [r.fence.worker_id for r in requests],
                 "claims": [r.fence.claim for r in requests],
                 "progress": [_progress_json(r.progress) for r in requests],
+                "steps": [r.step.name if r.step is not None else None for r in requests],
+                "step_since": [r.step.started_at if r.step is not None else None for r in requests],
                 "visibility": float(visibility_timeout),
             },
         )
@@ -704,6 +746,14 @@ class PostgresDriver:
         for ordinal, status in rows:
             statuses[int(ordinal) - 1] = str(status)
         return statuses
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        key = _uuid_or_none(job_id)
+        if key is None:
+            self.db  # noqa: B018 — a closed driver refuses even a malformed id
+            return []
+        rows = await self._fetch("attempt_log", {"id": key})
+        return attempt_records(rows[0][0]) if rows else []
 
     async def stats(self) -> list[QueueStats]:
         rows = await self._fetch("stats", {})
@@ -770,20 +820,33 @@ def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
                 event=r.event,
                 since=r.since,
                 deadline=r.deadline,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
             )
             for i, (job_id, fence, r) in enumerate(batch, start=1)
         ]
     )
 
 
-@attrs.define(eq=False)
 class _Pending:
-    key: tuple[str, str]
-    item: Any
-    done: trio.Event = attrs.field(factory=trio.Event)
-    landed: bool = False
-    error: BaseException | None = None
-    taken: bool = False
+    """One queued write: the waiting task is rescheduled with its answer (no
+    Event per write: a hot path, one per ack and per step)."""
+
+    __slots__ = ("gone", "item", "key", "taken", "task")
+
+    def __init__(self, key: tuple[str, str], item: Any, task: trio.lowlevel.Task) -> None:
+        self.key = key
+        self.item = item
+        self.task = task
+        #: In a flush under way: the statement may land it.
+        self.taken = False
+        #: Its waiter was cancelled: nobody is to be rescheduled.
+        self.gone = False
+
+    def answer(self, result: outcome.Outcome[bool]) -> None:
+        if not self.gone:
+            self.gone = True
+            trio.lowlevel.reschedule(self.task, result)
 
 
 class _GroupCommit:
@@ -817,23 +880,22 @@ class _GroupCommit:
 
     async def submit(self, key: tuple[str, str], item: Any) -> bool:
         self._d.db  # noqa: B018 — a closed driver refuses at once
-        entry = _Pending(key, item)
+        entry = _Pending(key, item, trio.lowlevel.current_task())
         self._pending.append(entry)
         self._kick.set()
-        try:
-            await entry.done.wait()
-        except trio.Cancelled:
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            entry.gone = True
             if not entry.taken and entry in self._pending:
                 self._pending.remove(entry)
-            raise
-        if entry.error is not None:
-            raise entry.error
-        return entry.landed
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        landed: bool = await trio.lowlevel.wait_task_rescheduled(abort)
+        return landed
 
     def fail_pending(self, error: BaseException) -> None:
         for entry in self._pending:
-            entry.error = error
-            entry.done.set()
+            entry.answer(outcome.Error(error))
         self._pending.clear()
 
     def _take(self) -> builtins.list[_Pending]:
@@ -863,12 +925,17 @@ class _GroupCommit:
                     landed = await self._flush_fn([entry.item for entry in batch])
                 except Exception as exc:  # each waiter gets the failure
                     for entry in batch:
-                        entry.error = exc
-                        entry.done.set()
+                        entry.answer(outcome.Error(exc))
                     continue
+                except BaseException:
+                    # Cancelled mid-flush (the driver is closing): the statement
+                    # may have landed; each waiter hears so, none waits forever.
+                    closed = unavailable(None, "PostgreSQL (the driver closed mid-write)")
+                    for entry in batch:
+                        entry.answer(outcome.Error(closed))
+                    raise
                 for i, entry in enumerate(batch, start=1):
-                    entry.landed = i in landed
-                    entry.done.set()
+                    entry.answer(outcome.Value(i in landed))
 
 
 def _step_record(r: Sequence[Any]) -> StepRecord:
@@ -884,6 +951,8 @@ def _step_record(r: Sequence[Any]) -> StepRecord:
         event=r[8],
         since=r[9],
         deadline=r[10],
+        started_at=r[11],
+        ended_at=r[12],
     )
 
 
@@ -982,6 +1051,12 @@ def _decode(cursor: str) -> tuple[float, str]:
     return mark_at, str(checked)
 
 
+#: The first and last ids a prefix can start: padding a prefix with either bounds
+#: the ids that start with it.
+_ZERO_ID = "00000000-0000-0000-0000-000000000000"
+_LAST_ID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+
+
 def _uuid_or_none(job_id: str) -> str | None:
     import uuid
 
@@ -1030,7 +1105,7 @@ class _PgIntrospection:
         self._d = driver
 
     @staticmethod
-    def _view(r: Row, steps: Sequence[StepView] = ()) -> JobView:
+    def _view(r: Row, steps: Sequence[StepView] = (), log: Sequence[AttemptRecord] = ()) -> JobView:
         return JobView(
             id=str(r[0]),
             run_id=str(r[1]),
@@ -1054,18 +1129,22 @@ class _PgIntrospection:
             updated_at=float(r[18]) if r[18] is not None else None,
             worker_id=r[19],
             sensitive=r[20],
+            attempt_log=tuple(log),
         )
 
     @staticmethod
     def _step_views(rows: Sequence[Row]) -> Sequence[StepView]:
-        return [StepView(r[0], r[1], int(r[2]), r[3], r[4]) for r in rows]
+        return [
+            StepView(r[0], r[1], int(r[2]), r[3], r[4], started_at=r[5], ended_at=r[6])
+            for r in rows
+        ]
 
     async def _show_in(self, run: _Run, job_id: str) -> JobView:
         rows = await run("show", {"id": job_id})
         if not rows:
             raise _not_found()
         steps = await run("show_steps", {"id": job_id})
-        return self._view(rows[0], self._step_views(steps))
+        return self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_Run]:
@@ -1088,6 +1167,18 @@ class _PgIntrospection:
             self._d.db  # noqa: B018
             raise _not_found()
         return await self._show_in(self._d._fetch, key)
+
+    async def resolve_id(self, prefix: str) -> str:
+        low = prefix + _ZERO_ID[len(prefix) :]
+        high = prefix + _LAST_ID[len(prefix) :]
+        if _uuid_or_none(low) is None or _uuid_or_none(high) is None:
+            self._d.db  # noqa: B018
+            raise _not_found()  # not the start of a canonical id: no job's
+        rows = await self._d._fetch(
+            "resolve_prefix", {"low": low, "high": high, "limit": AMBIGUOUS_SHOWN + 1}
+        )
+        ids = [str(r[0]) for r in rows]
+        return resolved_prefix(ids[:AMBIGUOUS_SHOWN], len(ids))
 
     async def list(self, filter: ListFilter) -> JobPage:
         f = filter  # validated where it was built (ListFilter's validators)
@@ -1178,7 +1269,10 @@ class _PgIntrospection:
                     ErrorCode.X_JOB_NOT_CANCELLABLE,
                     f"the job already ended {row[4]}; only a live job can be cancelled",
                 )
-            await run("cancel_row", {"id": key, "last_error": last_error})
+            await run(
+                "cancel_row",
+                {"id": key, "last_error": last_error, "line": CANCELLED_LINE},
+            )
             return await self._show_in(run, key)
 
     async def remove(self, job_id: str) -> None:
@@ -1207,11 +1301,7 @@ class _PgIntrospection:
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state == "running":
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REMOVABLE,
-                "running jobs cannot be removed; cancel them first",
-            )
+        check_bulk_action("remove", filter)
         params = self._bulk_params(filter)
         async with self._tx() as run:
             total = int((await run("count_matching", params))[0][0])
@@ -1220,11 +1310,7 @@ class _PgIntrospection:
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state not in TERMINAL_STATES:
-            raise JobsError(
-                ErrorCode.X_JOB_NOT_REQUEUEABLE,
-                "only done, failed, dead or cancelled jobs can be requeued",
-            )
+        check_bulk_action("requeue", filter)
         params = self._bulk_params(filter)
         async with self._tx() as run:
             moved_rows = await run("requeue_many", params)
@@ -1253,15 +1339,22 @@ class _PgIntrospection:
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
         self._d.db  # noqa: B018
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"promote_many takes state in {PROMOTABLE_STATES}",
-            )
+        check_bulk_action("promote", filter)
         rows = await self._d._fetch("promote_many", self._bulk_params(filter))
         affected, total, queues = int(rows[0][0]), int(rows[0][1]), list(rows[0][2] or [])
         self._d._fire(queues)
         return BulkResult(affected=affected, remaining=max(0, total - affected))
+
+    async def preview_many(
+        self, action: BulkAction, filter: BulkFilter, sample: int
+    ) -> BulkPreview:
+        self._d.db  # noqa: B018
+        check_bulk_action(action, filter)
+        params = {**self._bulk_params(filter), "sample": sample}
+        async with self._tx() as run:
+            count, ids = (await run(f"preview_{action}", params))[0]
+            rows = await run("preview_rows", {"ids": [str(i) for i in ids]}) if ids else []
+        return BulkPreview(count=int(count), sample=[self._view(r) for r in rows])
 
     async def resolve_step(self, job_id: str, step: str, *, ran: bool, output: Any = None) -> None:
         key = _uuid_or_none(job_id)
@@ -1361,7 +1454,16 @@ class _PgIntrospection:
     async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
         rows = await self._d._fetch("counters", {"name": name, "since": float(since)})
         return [
-            CounterRow(float(r[0]), r[1], int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]))
+            CounterRow(
+                float(r[0]),
+                r[1],
+                int(r[2]),
+                int(r[3]),
+                int(r[4]),
+                int(r[5]),
+                float(r[6]),
+                queue=r[7],
+            )
             for r in rows
         ]
 

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 import psycopg
 import trio
 
+from ...logging import emit
 from .._push_wake import PushWake
 from ._bridge import TrioConnection, connect
 
@@ -66,10 +67,7 @@ class PgWake(PushWake):
             try:
                 conn = await connect(self._conninfo())
             except Exception:
-                logger.warning(
-                    "jobs.wake.reconnect",
-                    extra={"event": "jobs.wake.reconnect", "retry_in": backoff},
-                )
+                emit(logger, logging.WARNING, "jobs.wake.reconnect", retry_in=backoff)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -81,7 +79,7 @@ class PgWake(PushWake):
             # failure (a server restart, a terminated backend) in an ExceptionGroup;
             # a bare except missed it and the wake died with its first session.
             except* (psycopg.Error, OSError):
-                logger.warning("jobs.wake.lost", extra={"event": "jobs.wake.lost"})
+                emit(logger, logging.WARNING, "jobs.wake.lost")
             finally:
                 with trio.CancelScope(shield=True):
                     await conn.close()

@@ -51,8 +51,11 @@ def redis_driver(
     starts with ``prefix:``, so several apps (or tests) can share one database.
     Opening loads the scripts and checks the key-schema version stored under
     ``prefix:schema`` (a mismatch is ``X_CONFIG_INVALID``). While Redis is down
-    a call fails at once with ``X_DRIVER_UNAVAILABLE``: connecting gives up after
-    ``connect_timeout``, a reply after ``stream_timeout``. A settled row is kept
+    a call fails at once with ``X_DRIVER_UNAVAILABLE``: connecting (the TCP
+    connect and the handshake) gives up after ``connect_timeout`` ("could not
+    connect ... nothing was sent"); a command sent whose reply never comes after
+    ``stream_timeout`` ("the outcome is unknown: the command may have landed").
+    A settled row is kept
     ``done_retention`` (done) or ``dead_retention`` (dead, failed, cancelled),
     then Redis expires it. ``clock`` replaces the server's clock for due times
     and leases: tests only.

@@ -23,16 +23,17 @@ from typing import Any
 
 import coredis
 import coredis.exceptions
-import coredis.retry
 import trio
 
 from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
+from ...logging import emit
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
     AckOptions,
+    AttemptRecord,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -48,9 +49,11 @@ from .._protocol import (
     Progress,
     QueueStats,
     StepRecord,
+    first_line,
+    nack_outcome,
 )
 from .._service import ServiceTasks
-from ._scripts import SCRIPT_NAMES, script_sha, script_source
+from ._client import Scripts, connect, not_connected, translate
 from ._wake import RedisWake
 
 __all__ = ["SCHEMA_VERSION", "RedisDriver"]
@@ -155,6 +158,8 @@ def _step_body(record: StepRecord) -> str:
             "event": record.event,
             "since": record.since,
             "deadline": record.deadline,
+            "started_at": record.started_at,
+            "ended_at": record.ended_at,
         }
     )
 
@@ -177,23 +182,46 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
                 event=data.get("event"),
                 since=data.get("since"),
                 deadline=data.get("deadline"),
+                started_at=data.get("started_at"),
+                ended_at=data.get("ended_at"),
             )
         )
     records.sort(key=lambda r: r.seq)
     return records
 
 
-def unavailable(exc: BaseException | None, what: str = "") -> DriverError:
-    """``X_DRIVER_UNAVAILABLE`` for a failed call. The message names the
-    exception class only: a server message may echo keys or arguments."""
-    kind = type(exc).__name__ if exc is not None else "no connection"
-    detail = f" ({what})" if what else ""
-    return DriverError(
-        ErrorCode.X_DRIVER_UNAVAILABLE,
-        f"could not reach Redis{detail}: {kind}; check the URL (REDIS_URL) and that the "
-        "server is up — the call can be retried once it is",
-        meta={"kind": kind},
-    )
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None or value == "" else float(value)
+
+
+def _attempts_from(raw: Any) -> list[AttemptRecord]:
+    """The row's ``al`` field (a JSON array; times as strings) → records."""
+    if not raw:
+        return []
+    data = loads(_s(raw))
+    if not isinstance(data, list):  # cjson writes an empty table as {}
+        return []
+    return [
+        AttemptRecord(
+            attempt=int(e["attempt"]),
+            worker_id=str(e["worker_id"]),
+            started_at=float(e["started_at"]),
+            ended_at=_float_or_none(e.get("ended_at")),
+            outcome=e.get("outcome"),
+            error_code=e.get("error_code"),
+            error=e.get("error"),
+            step=e.get("step"),
+            step_started_at=_float_or_none(e.get("step_started_at")),
+        )
+        for e in data
+        if isinstance(e, dict)
+    ]
+
+
+def unavailable(what: str) -> DriverError:
+    """``X_DRIVER_UNAVAILABLE`` for a call the driver cannot send (it is closed,
+    or its pool did not start): nothing was sent."""
+    return not_connected(what)
 
 
 def _request_row(r: EnqueueRequest) -> list[str]:
@@ -253,6 +281,7 @@ class RedisDriver:
         self._system = SystemClock()
         self._skew = 0.0
         self._client: coredis.Redis[str] | None = None
+        self._scripts: Scripts | None = None
         self._url = ""
         self._service = ServiceTasks("redis", logger)
         self.steps = _RedisSteps(self)
@@ -287,7 +316,7 @@ class RedisDriver:
     @property
     def client(self) -> coredis.Redis[str]:
         if self._client is None or self.closed or not self._service.running:
-            raise unavailable(None, "the driver is not open: enter it with open_jobs(...)")
+            raise unavailable("the driver is not open: enter it with open_jobs(...)")
         return self._client
 
     def _resolve_url(self) -> str:
@@ -320,16 +349,11 @@ class RedisDriver:
             return
         url = self._resolve_url()
         try:
-            client: coredis.Redis[str] = coredis.Redis.from_url(
+            client = connect(
                 url,
-                decode_responses=True,
                 connect_timeout=self._connect_timeout,
                 stream_timeout=self._stream_timeout,
                 max_connections=self._max_connections,
-                # A write whose reply was lost must not be sent twice: the
-                # caller decides (claims and settles are fenced; a repeated
-                # enqueue dedupes on its id).
-                retry_policy=coredis.retry.NoRetryPolicy(),
             )
         except (ValueError, TypeError, coredis.exceptions.RedisError):
             raise JobsError(
@@ -339,11 +363,13 @@ class RedisDriver:
             ) from None
         self._url = url
         self._client = client
+        self._scripts = Scripts(client)
         self.closed = False
         await self._start_service(client, nursery)
         try:
-            for name in SCRIPT_NAMES:
-                await self._call(self.client.script_load(script_source(name)), "SCRIPT LOAD")
+            # Loaded up front, so a first call pays no NOSCRIPT round trip.
+            for source in self._scripts.sources():
+                await self._call(self.client.script_load(source), "SCRIPT LOAD")
             stored = await self._script("schema", [str(SCHEMA_VERSION)])
             if int(_s(stored)) != SCHEMA_VERSION:
                 raise JobsError(
@@ -375,14 +401,13 @@ class RedisDriver:
             return
         policy = _s(reply.get("maxmemory-policy", "noeviction"))
         if policy != "noeviction":
-            logger.warning(
+            emit(
+                logger,
+                logging.WARNING,
                 "jobs.redis.eviction",
-                extra={
-                    "event": "jobs.redis.eviction",
-                    "policy": policy,
-                    "hint": "set maxmemory-policy noeviction: any other policy may delete "
-                    "queued jobs and step records when Redis runs out of memory",
-                },
+                policy=policy,
+                hint="set maxmemory-policy noeviction: any other policy may delete "
+                "queued jobs and step records when Redis runs out of memory",
             )
 
     async def _measure_skew(self) -> None:
@@ -399,10 +424,10 @@ class RedisDriver:
         """Hold the client's connection pool (and the wake session) in
         ``nursery``, else a system task (see :class:`ServiceTasks`)."""
         if not await self._service.start(context=client, nursery=nursery):
-            raise unavailable(None, "the connection pool did not start")
+            raise unavailable("the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
-        self._service.spawn(fn, lambda: unavailable(None, "the driver is not open"))
+        self._service.spawn(fn, lambda: unavailable("the driver is not open"))
 
     async def _stop_service(self) -> None:
         await self._service.stop()
@@ -422,33 +447,15 @@ class RedisDriver:
     # ------------------------------------------------------------------ calls
 
     async def _call(self, request: Awaitable[Any], what: str) -> Any:
-        """Await one command, translating the client's failures at the boundary."""
+        """Await one command, translating the client's failures at the boundary
+        (:func:`~._client.translate`, the one place they map to codes)."""
         try:
             return await request
-        except (
-            coredis.exceptions.ConnectionError,
-            TimeoutError,
-            OSError,
-            coredis.exceptions.ReadOnlyError,
-        ) as exc:
-            raise unavailable(exc, what) from None
-        except coredis.exceptions.RedisError as exc:
-            if isinstance(exc, coredis.exceptions.ResponseError) and str(exc).startswith(
-                ("OOM", "BUSY", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
-            ):
-                raise unavailable(exc, f"{what}: {str(exc).split(' ', 1)[0]}") from None
-            raise JobsError(
-                ErrorCode.X_INVARIANT,
-                f"Redis refused {what} ({type(exc).__name__}); this is a bug in the "
-                "Redis driver or a server it does not support (Redis 7 or later, standalone)",
-                meta={"kind": type(exc).__name__},
-            ) from None
-        except RuntimeError as exc:
-            # coredis answers a pool that has exited with RuntimeError.
-            raise unavailable(exc, what) from None
+        except (coredis.exceptions.RedisError, TimeoutError, OSError, RuntimeError) as exc:
+            raise translate(exc, what) from None
 
     async def _script(self, name: str, args: Sequence[str]) -> Any:
-        """Call script ``name`` by digest (loading it again on ``NOSCRIPT``)."""
+        """Call script ``name`` (coredis reloads it once on ``NOSCRIPT``)."""
         full = [
             self.prefix,
             "" if self._clock is None else repr(float(self._clock.now())),
@@ -456,14 +463,9 @@ class RedisDriver:
             repr(self._dead_ttl),
             *args,
         ]
-        client = self.client
-        try:
-            return await self._call(client.evalsha(script_sha(name), args=full), name)
-        except JobsError as exc:
-            if exc.meta.get("kind") != "NoScriptError":
-                raise
-        await self._call(client.script_load(script_source(name)), "SCRIPT LOAD")
-        return await self._call(client.evalsha(script_sha(name), args=full), name)
+        self.client  # noqa: B018 — a closed driver refuses before the call is built
+        assert self._scripts is not None
+        return await self._call(self._scripts.call(name, full), name)
 
     async def _send_probe(self, token: str) -> None:
         await self._call(self.client.publish(self.channel, token), "PUBLISH")
@@ -637,6 +639,9 @@ class RedisDriver:
                 _num(options.duration),
                 again,
                 _opt(options.busy_key if options.state == "ready" else None),
+                nack_outcome(options),
+                options.error_code or "",
+                first_line(options.last_error) or "",
             ],
         )
         if not int(landed[0]):
@@ -647,7 +652,13 @@ class RedisDriver:
 
     async def release_orphans(self, worker_id: str, held: frozenset[int]) -> list[str]:
         reply = await self._script(
-            "release_orphans", [worker_id, ORPHAN_MESSAGE, *(str(c) for c in sorted(held))]
+            "release_orphans",
+            [
+                worker_id,
+                ORPHAN_MESSAGE,
+                first_line(ORPHAN_MESSAGE) or "",
+                *(str(c) for c in sorted(held)),
+            ],
         )
         return [_s(x) for x in reply]
 
@@ -660,10 +671,21 @@ class RedisDriver:
         args = [repr(float(visibility_timeout)), str(len(requests))]
         for r in requests:
             args.extend(
-                [r.job_id, r.fence.worker_id, str(int(r.fence.claim)), _progress_opt(r.progress)]
+                [
+                    r.job_id,
+                    r.fence.worker_id,
+                    str(int(r.fence.claim)),
+                    _progress_opt(r.progress),
+                    r.step.name if r.step is not None else "",
+                    repr(float(r.step.started_at)) if r.step is not None else "",
+                ]
             )
         reply = await self._script("heartbeat", args)
         return [_s(x) for x in reply]
+
+    async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
+        raw = await self._call(self.client.hget(f"{self.prefix}:job:{job_id}", "al"), "HGET")
+        return _attempts_from(raw)
 
     async def stats(self) -> list[QueueStats]:
         reply = await self._script("stats", [])
@@ -703,16 +725,23 @@ class RedisDriver:
         31 days), moved by the settling scripts themselves."""
         reply = await self._script("counters", [name or "", _score(since)])
         merged: dict[tuple[float, str], list[float]] = {}
+        queues: dict[tuple[float, str], str] = {}
         for bucket, flat in reply:
             for field, value in _pairs(flat).items():
                 job, _, what = field.rpartition("\n")
                 if name is not None and job != name:
                     continue
-                cell = merged.setdefault((float(_s(bucket)), job), [0, 0, 0, 0, 0.0])
+                key = (float(_s(bucket)), job)
+                cell = merged.setdefault(key, [0, 0, 0, 0, 0.0])
+                if what == "queue":
+                    queues[key] = value
+                    continue
                 index = ("done", "retried", "failed", "dead", "duration").index(what)
                 cell[index] += float(value)
         return [
-            CounterRow(b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4])
+            CounterRow(
+                b, n, int(c[0]), int(c[1]), int(c[2]), int(c[3]), c[4], queue=queues.get((b, n))
+            )
             for (b, n), c in sorted(merged.items())
         ]
 

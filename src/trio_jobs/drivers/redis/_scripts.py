@@ -1,19 +1,18 @@
 """The Lua scripts, read once from ``lua/queue.lua`` (package data).
 
-Each named script is the shared prelude plus its own body. They are loaded into
-the server once when the driver opens (``SCRIPT LOAD``) and called by digest
-(``EVALSHA``); a server that forgot them (a restart, ``SCRIPT FLUSH``) answers
-``NOSCRIPT`` and the script is loaded again, once, before the call is repeated.
+Each named script is the shared prelude plus its own body. ``_client.Scripts``
+registers each with coredis, which calls it by digest (``EVALSHA``) and, when
+the server forgot it (a restart, ``SCRIPT FLUSH``), loads it and repeats the
+call once; the driver loads them all when it opens.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from importlib import resources
 
-__all__ = ["SCRIPT_NAMES", "script_source", "script_sha"]
+__all__ = ["SCRIPT_NAMES", "script_source"]
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -31,12 +30,6 @@ def script_source(name: str) -> str:
     """The full text of script ``name``: the prelude, then its body."""
     sections = _sections()
     return sections["prelude"] + "\n" + sections[name]
-
-
-@functools.cache
-def script_sha(name: str) -> str:
-    """The digest ``EVALSHA`` calls script ``name`` by."""
-    return hashlib.sha1(script_source(name).encode("utf-8")).hexdigest()
 
 
 SCRIPT_NAMES: tuple[str, ...] = tuple(n for n in _sections() if n != "prelude")

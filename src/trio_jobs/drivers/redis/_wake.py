@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from ...logging import emit
 from .._push_wake import PushWake
 
 __all__ = ["RedisWake"]
@@ -70,13 +71,12 @@ class RedisWake(PushWake):
                     self.fire(None)
                     await self._listen(messages)
             except Exception as exc:
-                logger.warning(
+                emit(
+                    logger,
+                    logging.WARNING,
                     "jobs.wake.lost",
-                    extra={
-                        "event": "jobs.wake.lost",
-                        "kind": type(exc).__name__,
-                        "retry_in": backoff,
-                    },
+                    kind=type(exc).__name__,
+                    retry_in=backoff,
                 )
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

@@ -9,8 +9,11 @@
 -- name: show
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id, sensitive
+    priority, updated_at, worker_id, sensitive, attempt_log
 FROM trio_jobs_jobs WHERE id = %(id)s;
+
+-- name: attempt_log
+SELECT attempt_log FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: show_for_update
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -19,8 +22,16 @@ SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempo
 FROM trio_jobs_jobs WHERE id = %(id)s FOR UPDATE;
 
 -- name: show_steps
-SELECT name, status, executions, output, error FROM trio_jobs_steps
+SELECT name, status, executions, output, error, started_at, ended_at FROM trio_jobs_steps
 WHERE job_id = %(id)s ORDER BY seq;
+
+-- name: resolve_prefix
+-- The ids that start with a prefix, read through the primary key: the prefix
+-- padded with 0s and with fs bounds them (a uuid sorts as its hex text).
+SELECT id FROM trio_jobs_jobs
+WHERE id BETWEEN %(low)s::uuid AND %(high)s::uuid
+ORDER BY id
+LIMIT %(limit)s;
 
 -- name: list_older
 -- A page newest first, strictly older than the mark (no mark: from the newest).
@@ -93,7 +104,10 @@ RETURNING queue;
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 hit AS (
     UPDATE trio_jobs_jobs j SET state = 'cancelled', worker_id = NULL, claim = NULL,
-        error_code = 'X_ABORTED', last_error = %(last_error)s, updated_at = n.now
+        error_code = 'X_ABORTED', last_error = %(last_error)s, updated_at = n.now,
+        -- a running attempt ends here (its worker's settle will find the fence gone)
+        attempt_log = CASE WHEN j.state = 'running' THEN trio_jobs_attempt_end(j.attempt_log,
+            n.now, 'cancelled', 'X_ABORTED', %(line)s) ELSE j.attempt_log END
     FROM n
     WHERE j.id = %(id)s AND j.state IN ('ready', 'delayed', 'running', 'suspended')
     RETURNING j.id
@@ -236,6 +250,61 @@ moved AS (
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM matched),
     (SELECT array_agg(DISTINCT queue) FROM moved);
 
+-- name: preview_remove
+-- A dry run of remove_many until nothing remains: how many rows, and the first
+-- ids it would take (oldest first). Writes and locks nothing.
+WITH matched AS (
+    SELECT id, created_at FROM trio_jobs_jobs
+    WHERE state = %(state)s
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+)
+SELECT (SELECT count(*) FROM matched),
+    ARRAY(SELECT id FROM matched ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_requeue
+-- A dry run of requeue_many until nothing remains: per key no live row holds,
+-- its oldest row (requeue_many's `movable`; the others then find the key held).
+WITH movable AS (
+    SELECT DISTINCT ON (j.name, j.tenant_id, j.idempotency_key) j.id, j.created_at
+    FROM trio_jobs_jobs j
+    WHERE j.state = %(state)s
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR j.name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM trio_jobs_jobs h
+          WHERE h.name = j.name AND h.idempotency_key = j.idempotency_key
+            AND h.tenant_id IS NOT DISTINCT FROM j.tenant_id
+            AND h.state IN ('ready', 'delayed', 'running', 'suspended'))
+    ORDER BY j.name, j.tenant_id, j.idempotency_key, j.created_at, j.id
+)
+SELECT (SELECT count(*) FROM movable),
+    ARRAY(SELECT id FROM movable ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_promote
+-- A dry run of promote_many until nothing remains (promote_many's `matched`).
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+matched AS (
+    SELECT j.id, j.created_at FROM trio_jobs_jobs j, n
+    WHERE j.state = %(state)s
+      AND (j.state = 'delayed' OR (j.state = 'ready' AND j.run_at > n.now))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(name)s::text IS NULL OR j.name = %(name)s)
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s)
+)
+SELECT (SELECT count(*) FROM matched),
+    ARRAY(SELECT id FROM matched ORDER BY created_at, id LIMIT %(sample)s);
+
+-- name: preview_rows
+SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
+    concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
+    priority, updated_at, worker_id, sensitive
+FROM trio_jobs_jobs
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY created_at, id;
+
 -- name: pause_queue
 INSERT INTO trio_jobs_queue_pauses (queue, paused_at) VALUES (%(queue)s, trio_jobs_now(%(now)s))
 ON CONFLICT (queue) DO NOTHING;
@@ -290,7 +359,7 @@ SELECT
     CASE WHEN age <= 86400 THEN floor(bucket / 60) * 60
          WHEN age <= 7 * 86400 THEN floor(bucket / 300) * 300
          ELSE floor(bucket / 3600) * 3600 END AS tier_bucket,
-    name, sum(done), sum(retried), sum(failed), sum(dead), sum(duration)
+    name, sum(done), sum(retried), sum(failed), sum(dead), sum(duration), max(queue)
 FROM aged
 GROUP BY 1, 2
 ORDER BY 1, 2;

@@ -179,7 +179,13 @@ claimed AS (
         waiting_event = NULL,
         busy_key = NULL,
         promoted = false,
-        lapsed = false
+        lapsed = false,
+        -- a new attempt log entry; a lapsed row taken back at once closes its
+        -- previous one first
+        attempt_log = trio_jobs_attempt_begin(
+            CASE WHEN j.state = 'running' THEN trio_jobs_attempt_end(j.attempt_log, n.now,
+                'lapsed', 'X_JOB_LEASE_LOST', %(lapsed_line)s) ELSE j.attempt_log END,
+            j.attempts + 1, %(worker_id)s, n.now)
     FROM pick p, n
     WHERE j.id = p.id
     RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.idempotency_key,
@@ -190,7 +196,9 @@ claimed AS (
 reoffered AS (
     UPDATE trio_jobs_jobs j SET
         state = 'ready', run_at = l.run_at, worker_id = NULL, claim = NULL,
-        promoted = false, lapsed = true, updated_at = n.now
+        promoted = false, lapsed = true, updated_at = n.now,
+        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
+            %(lapsed_line)s)
     FROM lapsed l, n
     WHERE j.id = l.id AND NOT l.final AND NOT EXISTS (SELECT 1 FROM pick p WHERE p.id = l.id)
 ),
@@ -199,7 +207,9 @@ buried AS (
         state = CASE WHEN j.name = ANY(%(drop_names)s::text[]) THEN 'failed' ELSE 'dead' END,
         error_code = 'X_JOB_LEASE_LOST',
         last_error = format(%(lapse_message)s, j.attempts, j.max_attempts),
-        worker_id = NULL, claim = NULL, updated_at = n.now
+        worker_id = NULL, claim = NULL, updated_at = n.now,
+        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
+            %(lapsed_line)s)
     FROM lapsed l, n
     WHERE j.id = l.id AND l.final
     RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.state, j.error_code,
@@ -209,13 +219,15 @@ freed AS (
     DELETE FROM trio_jobs_leases s USING lapsed l WHERE s.job_id = l.id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, dead, failed)
+    INSERT INTO trio_jobs_counters AS c (bucket, name, dead, failed, queue)
     SELECT floor(b.now / 60) * 60, b.name,
-        count(*) FILTER (WHERE b.state = 'dead'), count(*) FILTER (WHERE b.state = 'failed')
+        count(*) FILTER (WHERE b.state = 'dead'), count(*) FILTER (WHERE b.state = 'failed'),
+        max(b.queue)
     FROM buried b GROUP BY 1, 2
     ORDER BY 1, 2
     ON CONFLICT (bucket, name) DO UPDATE
-        SET dead = c.dead + excluded.dead, failed = c.failed + excluded.failed
+        SET dead = c.dead + excluded.dead, failed = c.failed + excluded.failed,
+            queue = excluded.queue
 ),
 -- The worker registry's liveness rides on the claim: the claimer's live row (if
 -- the driver recorded one, `registry_ttl`) is renewed here, so an idle worker's
@@ -237,7 +249,8 @@ SELECT 'job' AS kind, c.id::text, c.run_id::text, c.name, c.queue, c.payload, c.
     -- the run's step records ride along: a replay needs no second round trip
     coalesce((
         SELECT json_agg(json_build_array(s.name, s.status, s.seq, s.executions, s.output,
-            s.error, s.error_code, s.wake_at, s.event, s.since, s.deadline) ORDER BY s.seq)
+            s.error, s.error_code, s.wake_at, s.event, s.since, s.deadline, s.started_at,
+            s.ended_at) ORDER BY s.seq)
         FROM trio_jobs_steps s WHERE s.job_id = c.id), '[]'::json) AS steps
 FROM claimed c
 UNION ALL
@@ -284,7 +297,8 @@ locked AS MATERIALIZED (
 hit AS (
     UPDATE trio_jobs_jobs j SET
         state = 'done', result = l.result::json, worker_id = NULL,
-        updated_at = n.now, progress = coalesce(l.progress::json, j.progress)
+        updated_at = n.now, progress = coalesce(l.progress::json, j.progress),
+        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'done', NULL, NULL)
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now
@@ -307,12 +321,14 @@ freed AS (
     RETURNING s.job_id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration)
-    SELECT floor(hit.now / 60) * 60, hit.name, count(*), coalesce(sum(hit.duration), 0)
+    INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration, queue)
+    SELECT floor(hit.now / 60) * 60, hit.name, count(*), coalesce(sum(hit.duration), 0),
+        max(hit.queue)
     FROM hit GROUP BY 1, 2
     ORDER BY 1, 2
     ON CONFLICT (bucket, name) DO UPDATE
-        SET done = c.done + excluded.done, duration = c.duration + excluded.duration
+        SET done = c.done + excluded.done, duration = c.duration + excluded.duration,
+            queue = excluded.queue
 )
 SELECT ord, CASE WHEN EXISTS (SELECT 1 FROM freed f WHERE f.job_id = hit.id) THEN queue END
 FROM hit
@@ -350,7 +366,9 @@ hit AS (
                       WHEN %(busy_key)s::text IS NOT NULL AND NOT b.held THEN n.now
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
         waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END,
-        busy_key = CASE WHEN b.held THEN %(busy_key)s::text END
+        busy_key = CASE WHEN b.held THEN %(busy_key)s::text END,
+        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, %(outcome)s,
+            %(attempt_code)s::text, %(attempt_error)s::text)
     FROM n, busy b
     WHERE j.id = %(id)s AND j.state = 'running' AND j.worker_id = %(worker_id)s
       AND j.claim = %(claim)s AND j.lease_expires_at > n.now
@@ -361,14 +379,15 @@ freed AS (
     RETURNING s.job_id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, retried, failed, dead, duration)
+    INSERT INTO trio_jobs_counters AS c (bucket, name, retried, failed, dead, duration, queue)
     SELECT floor(hit.now / 60) * 60, hit.name, %(c_retried)s, %(c_failed)s, %(c_dead)s,
-        coalesce(%(duration)s::float8, 0)
+        coalesce(%(duration)s::float8, 0), hit.queue
     FROM hit
     WHERE %(c_retried)s + %(c_failed)s + %(c_dead)s > 0
     ON CONFLICT (bucket, name) DO UPDATE SET
         retried = c.retried + excluded.retried, failed = c.failed + excluded.failed,
-        dead = c.dead + excluded.dead, duration = c.duration + excluded.duration
+        dead = c.dead + excluded.dead, duration = c.duration + excluded.duration,
+        queue = excluded.queue
 ),
 notified AS (
     SELECT pg_notify(%(channel)s, hit.queue) FROM hit
@@ -405,7 +424,9 @@ released AS (
     UPDATE trio_jobs_jobs j SET
         state = 'ready', attempts = j.attempts - 1, worker_id = NULL, claim = NULL,
         run_at = n.now, updated_at = n.now,
-        error_code = 'X_DRIVER_UNAVAILABLE', last_error = %(message)s
+        error_code = 'X_DRIVER_UNAVAILABLE', last_error = %(message)s,
+        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'handed-back',
+            'X_DRIVER_UNAVAILABLE', %(line)s)
     FROM orphans o, n
     WHERE j.id = o.id
     RETURNING j.id, j.queue
@@ -425,11 +446,12 @@ SELECT r.id::text, r.queue FROM released r ORDER BY r.id;
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 input AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[], %(claims)s::int8[],
-        %(progress)s::text[]) WITH ORDINALITY AS t(id, worker_id, claim, progress, ord)
+        %(progress)s::text[], %(steps)s::text[], %(step_since)s::float8[])
+        WITH ORDINALITY AS t(id, worker_id, claim, progress, step, step_since, ord)
 ),
 -- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
 locked AS MATERIALIZED (
-    SELECT j.id, i.progress, i.ord
+    SELECT j.id, i.progress, i.step, i.step_since, i.ord
     FROM input i
     JOIN trio_jobs_jobs j ON j.id = i.id
     WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
@@ -440,7 +462,9 @@ locked AS MATERIALIZED (
 renewed AS (
     UPDATE trio_jobs_jobs j SET
         lease_expires_at = n.now + %(visibility)s,
-        progress = coalesce(l.progress::json, j.progress)
+        progress = coalesce(l.progress::json, j.progress),
+        -- the step in progress, on the attempt log's open entry
+        attempt_log = trio_jobs_attempt_step(j.attempt_log, l.step, l.step_since)
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.worker_id, j.claim, l.ord

@@ -1,4 +1,4 @@
--- The trio-jobs schema as of migration 0004: what replaying every migration gives.
+-- The trio-jobs schema as of migration 0005: what replaying every migration gives.
 --
 -- Times are float8 seconds since the Unix epoch, decided by the database's clock
 -- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
@@ -47,7 +47,9 @@ CREATE TABLE trio_jobs_jobs (
     -- declared sensitive=True (NULL: enqueued before 0003; read as sensitive)
     sensitive        boolean,
     -- the concurrency lease key this ready row waits on (a busy-key hand-back)
-    busy_key         text
+    busy_key         text,
+    -- the newest 20 claims, oldest first (see trio_jobs_attempt_begin); NULL: none yet
+    attempt_log      jsonb
 );
 
 -- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
@@ -95,6 +97,8 @@ CREATE TABLE trio_jobs_steps (
     event      text,
     since      float8,
     deadline   float8,
+    started_at float8,
+    ended_at   float8,
     PRIMARY KEY (job_id, name)
 );
 
@@ -138,6 +142,41 @@ CREATE TRIGGER trio_jobs_leases_wake_waiter
     AFTER DELETE ON trio_jobs_leases
     FOR EACH ROW EXECUTE FUNCTION trio_jobs_wake_waiter();
 
+-- Open an entry for a new claim, dropping the oldest past 20.
+CREATE FUNCTION trio_jobs_attempt_begin(log jsonb, attempt integer, worker text, at float8)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT (CASE WHEN jsonb_array_length(coalesce(log, '[]'::jsonb)) >= 20 THEN log - 0
+                 ELSE coalesce(log, '[]'::jsonb) END)
+        || jsonb_build_array(jsonb_build_object(
+            'attempt', attempt, 'worker_id', worker, 'started_at', at))
+$$;
+
+-- Close the open entry (none open: the log as it was).
+CREATE FUNCTION trio_jobs_attempt_end(log jsonb, at float8, outcome text, code text, message text)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN log IS NULL OR jsonb_array_length(log) = 0 OR (log -> -1) ? 'ended_at'
+                THEN log
+                ELSE jsonb_set(log, '{-1}', (log -> -1) || jsonb_strip_nulls(jsonb_build_object(
+                    'ended_at', at, 'outcome', outcome, 'error_code', code, 'error', message)))
+           END
+$$;
+
+-- The step the open entry's run is in now (NULL: between steps).
+CREATE FUNCTION trio_jobs_attempt_step(log jsonb, step text, since float8)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN log IS NULL OR jsonb_array_length(log) = 0 OR (log -> -1) ? 'ended_at'
+                THEN log
+                ELSE jsonb_set(log, '{-1}', ((log -> -1) - 'step' - 'step_started_at')
+                    || jsonb_strip_nulls(jsonb_build_object('step', step, 'step_started_at', since)))
+           END
+$$;
+
 CREATE TABLE trio_jobs_events (
     id           bigserial PRIMARY KEY,
     name         text NOT NULL,
@@ -167,6 +206,8 @@ CREATE TABLE trio_jobs_counters (
     failed   integer NOT NULL DEFAULT 0,
     dead     integer NOT NULL DEFAULT 0,
     duration float8 NOT NULL DEFAULT 0,
+    -- the queue the job settled in (NULL: written before 0005)
+    queue    text,
     PRIMARY KEY (bucket, name)
 );
 

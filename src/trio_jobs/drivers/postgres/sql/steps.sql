@@ -1,7 +1,8 @@
 -- Step records, keyed by (job_id, name), and the event bus.
 
 -- name: steps_load
-SELECT name, status, seq, executions, output, error, error_code, wake_at, event, since, deadline
+SELECT name, status, seq, executions, output, error, error_code, wake_at, event, since, deadline,
+    started_at, ended_at
 FROM trio_jobs_steps
 WHERE job_id = %(job_id)s
 ORDER BY seq;
@@ -25,7 +26,7 @@ input AS (
     SELECT * FROM json_to_recordset(%(rows)s::json) AS t(
         ord int, job_id uuid, worker_id text, claim int8, name text, status text, seq int,
         executions int, output text, error text, error_code text, wake_at float8,
-        event text, since float8, deadline float8)
+        event text, since float8, deadline float8, started_at float8, ended_at float8)
 ),
 -- The share locks are taken in id order (one lock order: a heartbeat or a
 -- settle of the same rows locks them in that order too).
@@ -39,14 +40,15 @@ owned AS MATERIALIZED (
 ),
 put AS (
     INSERT INTO trio_jobs_steps AS s (job_id, name, status, seq, executions, output, error,
-        error_code, wake_at, event, since, deadline)
+        error_code, wake_at, event, since, deadline, started_at, ended_at)
     SELECT o.job_id, o.name, o.status, o.seq, o.executions, o.output::json, o.error,
-        o.error_code, o.wake_at, o.event, o.since, o.deadline
+        o.error_code, o.wake_at, o.event, o.since, o.deadline, o.started_at, o.ended_at
     FROM owned o
     ON CONFLICT (job_id, name) DO UPDATE SET
         status = excluded.status, executions = excluded.executions, output = excluded.output,
         error = excluded.error, error_code = excluded.error_code, wake_at = excluded.wake_at,
-        event = excluded.event, since = excluded.since, deadline = excluded.deadline
+        event = excluded.event, since = excluded.since, deadline = excluded.deadline,
+        started_at = excluded.started_at, ended_at = excluded.ended_at
 )
 SELECT o.ord FROM owned o;
 

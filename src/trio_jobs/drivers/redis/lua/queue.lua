@@ -9,6 +9,13 @@
 -- start at ARGV[A]. Times are float seconds, kept in hashes as '%.6f' strings
 -- (a Lua number returned to Redis would be truncated to an integer).
 --
+-- Every script checks its arguments before its first write: Redis does not
+-- roll a script back, so a script that failed half way (a NaN score, say) would
+-- leave half a row behind. A refusal is an error reply whose first word is the
+-- code ('X_INVARIANT <what>', 'X_JOB_INPUT_INVALID <what>'); the driver maps it
+-- in one place (_client.translate). The facade refuses the same values first
+-- (_validate.py): these checks hold for a caller below it.
+--
 -- Keys (P is the prefix):
 --   P:schema                 the key-schema version
 --   P:job:<id>               a row (hash)
@@ -23,7 +30,8 @@
 --   P:waiting:<event>        suspended rows waiting for an event
 --   P:events:<event>         score = published_at, member = '<event id>\n<payload>'
 --   P:paused                 paused queues
---   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n)
+--   P:cnt, P:cnt:<bucket>    counters per minute bucket ('<name>\n<field>' -> n, and
+--                            '<name>\nqueue' -> the queue its job settled in)
 --   P:lease:<key>:<slot>     a held concurrency slot: 'job\nworker\nclaim\nexpires'
 --   P:lslots:<key>, P:jl:<id>  the slots of one lease key / held by one job
 --   P:busy:<key>             runs waiting on a busy lease key: score = priority,
@@ -31,7 +39,118 @@
 --   P:wake                   the pub/sub channel; the message is a queue name
 
 -- name: prelude
+-- The range every driver accepts (_validate.py, _time.py): instants from 1970
+-- to the end of 9999, durations up to 100 years, 32-bit priorities.
+local MAX_EPOCH = 253402300799
+local MAX_DURATION = 3155760000
+local MAX_PRIORITY = 2147483647
+
+-- A number that is not NaN or infinite, or nil.
+local function finite(v)
+  local x = tonumber(v)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+
+-- A whole number written as digits (an optional minus), or nil.
+local function whole(v)
+  if type(v) ~= 'string' or not string.match(v, '^%-?%d+$') then return nil end
+  return tonumber(v)
+end
+
+-- Each check answers what is wrong with an argument, or nil.
+local function need(v, name)
+  if v == nil or v == '' then return name .. ' is missing' end
+  return nil
+end
+
+local function need_whole(v, name, lo, hi)
+  local x = whole(v)
+  if x == nil or (lo and x < lo) or (hi and x > hi) then
+    return name .. ' must be a whole number' ..
+      (lo and hi and (' from ' .. lo .. ' to ' .. hi) or (lo and (' of at least ' .. lo) or ''))
+  end
+  return nil
+end
+
+local function need_positive(v, name)
+  local x = finite(v)
+  if x == nil or x <= 0 or x > MAX_DURATION then
+    return name .. ' must be a positive number of seconds, at most 100 years'
+  end
+  return nil
+end
+
+-- An optional argument ('' is none, '=' .. value is one).
+local function need_opt(v, name)
+  if v == nil or (v ~= '' and string.sub(v, 1, 1) ~= '=') then
+    return name .. ' must be empty or =<value>'
+  end
+  return nil
+end
+
+-- A plain string that may be empty (present, not '='-encoded).
+local function need_str(v, name)
+  if v == nil then return name .. ' is missing' end
+  return nil
+end
+
+-- A plain instant, or '' for none.
+local function need_instant_or_empty(v, name)
+  if v == nil then return name .. ' is missing' end
+  if v == '' then return nil end
+  local x = finite(v)
+  if x == nil or x < 0 or x > MAX_EPOCH then
+    return name .. ' must be an instant from 1970 to 9999 (epoch seconds)'
+  end
+  return nil
+end
+
+local function need_instant_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  local x = finite(string.sub(v, 2))
+  if x == nil or x < 0 or x > MAX_EPOCH then
+    return name .. ' must be an instant from 1970 to 9999 (epoch seconds)'
+  end
+  return nil
+end
+
+local function need_duration_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  local x = finite(string.sub(v, 2))
+  if x == nil or x < 0 or x > MAX_DURATION then
+    return name .. ' must be a number of seconds from 0 to 100 years'
+  end
+  return nil
+end
+
+local function need_flag(v, name)
+  if v ~= '' and v ~= '0' and v ~= '1' then return name .. " must be '', '0' or '1'" end
+  return nil
+end
+
+-- The first fault of a list of checks (nil when all pass).
+local function first(...)
+  for i = 1, select('#', ...) do
+    local bad = select(i, ...)
+    if bad then return bad end
+  end
+  return nil
+end
+
+local function refuse(code, why)
+  return redis.error_reply(code .. ' ' .. why .. '; nothing was written')
+end
+
 local P = ARGV[1]
+local fault = first(
+  need(P, 'the key prefix'),
+  ARGV[2] ~= '' and finite(ARGV[2]) == nil and 'the test clock must be empty or a number' or nil,
+  need_positive(ARGV[3], 'the done retention'),
+  need_positive(ARGV[4], 'the dead retention'))
+if fault then return refuse('X_INVARIANT', fault) end
 local NOW
 if ARGV[2] ~= '' then
   NOW = tonumber(ARGV[2])
@@ -153,10 +272,11 @@ local function release_leases(id)
   redis.call('DEL', jl)
 end
 
-local function bump(name, field, duration)
+local function bump(name, field, duration, q)
   local bucket = math.floor(NOW / 60) * 60
   local ck = P .. ':cnt:' .. string.format('%d', bucket)
   redis.call('HINCRBY', ck, name .. '\n' .. field, 1)
+  redis.call('HSET', ck, name .. '\nqueue', q)
   if duration and duration ~= '' then
     redis.call('HINCRBYFLOAT', ck, name .. '\nduration', tonumber(duration))
   end
@@ -172,6 +292,52 @@ local function terminal(jk, id, q, old, st)
   redis.call('ZADD', P .. ':term:' .. q .. ':' .. st, NOW + ttl, id)
   redis.call('EXPIRE', jk, math.ceil(ttl))
   redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(ttl))
+end
+
+-- The attempt log: the row's field 'al', a JSON array of its newest MAX_LOG
+-- claims, oldest first (times as '%.6f' strings: cjson would round numbers).
+local MAX_LOG = 20
+local LAPSED = 'the lease lapsed: the worker holding it died or stopped renewing it'
+
+local function log_read(jk)
+  local raw = redis.call('HGET', jk, 'al')
+  if not raw then return {} end
+  return cjson.decode(raw)
+end
+
+-- Open an entry for a new claim, dropping the oldest past MAX_LOG.
+local function log_begin(jk, attempt, worker)
+  local log = log_read(jk)
+  while #log >= MAX_LOG do table.remove(log, 1) end
+  log[#log + 1] = {attempt = attempt, worker_id = worker, started_at = fmt(NOW)}
+  redis.call('HSET', jk, 'al', cjson.encode(log))
+end
+
+-- Close the open entry (none open: nothing to close). '' is no code / message.
+local function log_end(jk, outcome, code, message)
+  local log = log_read(jk)
+  local last = log[#log]
+  if not last or last.ended_at then return end
+  last.ended_at = fmt(NOW)
+  last.outcome = outcome
+  if code ~= '' then last.error_code = code end
+  if message ~= '' then last.error = message end
+  redis.call('HSET', jk, 'al', cjson.encode(log))
+end
+
+-- The step the open entry's run is in ('' : between steps).
+local function log_step(jk, step, since)
+  local log = log_read(jk)
+  local last = log[#log]
+  if not last or last.ended_at then return end
+  if step == '' then
+    last.step = nil
+    last.step_started_at = nil
+  else
+    last.step = step
+    last.step_started_at = since
+  end
+  redis.call('HSET', jk, 'al', cjson.encode(log))
 end
 
 -- The claim's holder, while its lease holds.
@@ -210,6 +376,33 @@ local function holder(lf, id)
 end
 
 local ROW = 15
+
+-- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
+-- arguments; checked for every row before the first is written).
+local function row_fault(i, r)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local bad = first(
+    need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
+    need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
+    need_opt(ck, 'concurrency_key'), need_whole(mx, 'max_attempts', 1),
+    need_whole(prio, 'priority', -MAX_PRIORITY - 1, MAX_PRIORITY),
+    need_instant_opt(run, 'run_at'), need_duration_opt(delay, 'delay'),
+    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'))
+  if bad then return 'row ' .. r .. ': ' .. bad end
+  return nil
+end
+
+-- The rows of an enqueue or a commit: n at ARGV[i ...]. Answers the first
+-- fault, or nil.
+local function rows_fault(n, i)
+  if n == nil or n < 0 then return 'the row count must be a whole number' end
+  if #ARGV < i + n * ROW - 1 then return 'the rows are incomplete' end
+  for r = 1, n do
+    local bad = row_fault(i + (r - 1) * ROW, r)
+    if bad then return bad end
+  end
+  return nil
+end
 
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
@@ -284,6 +477,8 @@ end
 
 -- name: schema
 -- The key-schema version: set on first use, answered as stored afterwards.
+fault = need_whole(ARGV[A], 'the key-schema version', 1)
+if fault then return refuse('X_INVARIANT', fault) end
 local cur = redis.call('GET', P .. ':schema')
 if not cur then
   redis.call('SET', P .. ':schema', ARGV[A])
@@ -296,7 +491,10 @@ return cur
 -- already a row (a republish), answers that row, deduped; inputs sharing a key
 -- in one call are one row (the first stands for the rest). Answers
 -- {id, run_id, deduped} per input, in order; announces the queues it made due.
-local n = tonumber(ARGV[A])
+local n = whole(ARGV[A])
+fault = rows_fault(n, A + 1)
+if fault then return refuse('X_JOB_INPUT_INVALID', fault) end
+if #ARGV ~= A + n * ROW then return refuse('X_INVARIANT', 'extra arguments after the rows') end
 local out = {}
 local woke = {}
 local i = A + 1
@@ -329,7 +527,32 @@ return out
 -- fenced step records, applied together. When another enqueue took one of its
 -- keys (or ids) since it was staged, nothing is applied and the script answers
 -- 'conflict'; when a step record's fence no longer holds its row, 'lost'.
-local n = tonumber(ARGV[A])
+local n = whole(ARGV[A])
+fault = rows_fault(n, A + 1)
+if fault then return refuse('X_JOB_INPUT_INVALID', fault) end
+do
+  local e0 = A + 1 + n * ROW
+  local ne = whole(ARGV[e0])
+  fault = need_whole(ARGV[e0], 'the event count', 0)
+  if not fault then
+    for e = 1, ne do
+      fault = fault or need(ARGV[e0 + 2 * e - 1], 'an event name') or need(ARGV[e0 + 2 * e], 'an event payload')
+    end
+    local s0 = e0 + 2 * ne + 1
+    fault = fault or need_whole(ARGV[s0], 'the step count', 0)
+    if not fault then
+      local ns = whole(ARGV[s0])
+      for r = 0, ns - 1 do
+        local k = s0 + 1 + 6 * r
+        fault = fault or first(need(ARGV[k], 'a step job id'), need(ARGV[k + 1], 'a step worker'),
+          need_whole(ARGV[k + 2], 'a step claim'), need(ARGV[k + 3], 'a step name'),
+          need_whole(ARGV[k + 4], 'a step seq'), need(ARGV[k + 5], 'a step record'))
+      end
+      if not fault and #ARGV ~= s0 + 6 * ns then fault = 'the arguments do not add up' end
+    end
+  end
+  if fault then return refuse('X_INVARIANT', fault) end
+end
 local i = A + 1
 for r = 1, n do
   if holder(ARGV[i + ROW - 1], ARGV[i]) then
@@ -373,6 +596,16 @@ return qs
 -- set and up to `take` of them are claimed, best first (priority, run_at, seq),
 -- each with a fresh fence and its step records. Answers {taken, exhausted,
 -- next due} (see ClaimResult.next_due).
+fault = first(need(ARGV[A], 'worker_id'), need_positive(ARGV[A + 1], 'visibility_timeout'),
+  need(ARGV[A + 2], 'the lapse message'), need_whole(ARGV[A + 3], 'the drop-name count', 0))
+if not fault then
+  local q0 = A + 4 + tonumber(ARGV[A + 3])
+  if (#ARGV - q0 + 1) % 2 ~= 0 then fault = 'queues come in (queue, take) pairs' end
+  for j = q0, #ARGV, 2 do
+    fault = fault or need(ARGV[j], 'a queue') or need_whole(ARGV[j + 1], 'a take', 0)
+  end
+end
+if fault then return refuse('X_INVARIANT', fault) end
 local worker = ARGV[A]
 local vis = tonumber(ARGV[A + 1])
 local lapse_message = ARGV[A + 2]
@@ -397,11 +630,13 @@ for _, id in ipairs(lapsed) do
       if drop[f[5]] then st = 'failed' end
       local msg = string.format(lapse_message, att, mx)
       redis.call('HSET', jk, 'ec', 'X_JOB_LEASE_LOST', 'em', msg)
+      log_end(jk, 'lapsed', 'X_JOB_LEASE_LOST', LAPSED)
       free_key(jk, id)
       terminal(jk, id, f[6], 'running', st)
-      bump(f[5], st, nil)
+      bump(f[5], st, nil, f[6])
       exhausted[#exhausted + 1] = {id, f[7], f[5], f[6], f[8], f[9] or false, st, 'X_JOB_LEASE_LOST', msg}
     else
+      log_end(jk, 'lapsed', 'X_JOB_LEASE_LOST', LAPSED)
       redis.call('HSET', jk, 'run', f[2], 'pr', 0, 'lp', 1)
       set_state(jk, f[6], 'running', 'ready')
       index(jk, id, f[6])
@@ -445,6 +680,7 @@ while i <= #ARGV do
           redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
             'upd', fmt(NOW), 'pr', 0, 'lp', 0)
           redis.call('HDEL', jk, 'rm', 'we', 'bk')
+          log_begin(jk, att, worker)
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           redis.call('ZADD', P .. ':running', le, id)
           local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
@@ -476,6 +712,11 @@ return {taken, exhausted, next_due and fmt(next_due) or ''}
 -- concurrency slots are freed and the done counter moves, all here. The row
 -- keeps the claim that settled it ('sc'); `again` (ARGV[A + 6] = '1') is the
 -- retry of an ack whose reply never came (see settled_by).
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'), need_opt(ARGV[A + 3], 'the result'),
+  need_opt(ARGV[A + 4], 'the progress'), need_duration_opt(ARGV[A + 5], 'the duration'),
+  need_flag(ARGV[A + 6], 'again'))
+if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
 local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local jk = jobkey(id)
@@ -490,16 +731,33 @@ redis.call('HSET', jk, 'sc', claim)
 redis.call('HSET', jk, 'upd', fmt(NOW))
 if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
 if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+log_end(jk, 'done', '', '')
 free_key(jk, id)
 release_leases(id)
 terminal(jk, id, f[5], 'running', 'done')
-bump(f[6], 'done', opt(dur))
+bump(f[6], 'done', opt(dur), f[5])
 return 1
 
 -- name: nack
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
--- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none).
+-- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none);
+-- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none).
+local STATES = {ready = true, delayed = true, suspended = true, dead = true, failed = true}
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'),
+  not STATES[ARGV[A + 3]] and 'the state must be ready, delayed, suspended, dead or failed' or nil,
+  (ARGV[A + 4] ~= '0' and ARGV[A + 4] ~= '1') and "counted must be '0' or '1'" or nil,
+  need_opt(ARGV[A + 5], 'max_attempts'),
+  (ARGV[A + 5] or '') ~= '' and need_whole(string.sub(ARGV[A + 5], 2), 'max_attempts', 1) or nil,
+  need_opt(ARGV[A + 6], 'the progress'), need_flag(ARGV[A + 7], 'set_error'),
+  need_opt(ARGV[A + 8], 'the error code'), need_opt(ARGV[A + 9], 'the error'),
+  need_instant_opt(ARGV[A + 10], 'run_at'), need_duration_opt(ARGV[A + 11], 'delay'),
+  need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
+  need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
+  need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
+  need_str(ARGV[A + 18], 'the error line'))
+if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
 local ec, em, run, delay = ARGV[A + 8], ARGV[A + 9], ARGV[A + 10], ARGV[A + 11]
@@ -527,11 +785,12 @@ if set_err == '1' then
   if ec ~= '' then redis.call('HSET', jk, 'ec', opt(ec)) else redis.call('HDEL', jk, 'ec') end
   if em ~= '' then redis.call('HSET', jk, 'em', opt(em)) else redis.call('HDEL', jk, 'em') end
 end
+log_end(jk, ARGV[A + 16], ARGV[A + 17], ARGV[A + 18])
 release_leases(id)
 if st == 'dead' or st == 'failed' then
   free_key(jk, id)
   terminal(jk, id, q, 'running', st)
-  bump(name, st, opt(dur))
+  bump(name, st, opt(dur), q)
   return {1, q, 0}
 end
 local run_at
@@ -558,7 +817,7 @@ else
   redis.call('HDEL', jk, 'we')
 end
 set_state(jk, q, 'running', st)
-if counted == '1' then bump(name, 'retried', opt(dur)) end
+if counted == '1' then bump(name, 'retried', opt(dur), q) end
 index(jk, id, q)
 if run_at <= NOW then
   redis.call('PUBLISH', P .. ':wake', q)
@@ -570,10 +829,15 @@ return {1, q, 0}
 -- Rows running under this worker with a live lease and a claim it does not hold
 -- (a claim whose reply never reached it took them): handed back uncounted, due
 -- now, their slots released. ARGV[A] the worker, ARGV[A + 1] the error message,
--- ARGV[A + 2 ...] the claims it holds. Answers their ids.
-local worker, msg = ARGV[A], ARGV[A + 1]
+-- ARGV[A + 2] its first line (for the attempt log), ARGV[A + 3 ...] the claims
+-- it holds. Answers their ids.
+fault = first(need(ARGV[A], 'worker_id'), need(ARGV[A + 1], 'the message'),
+  need_str(ARGV[A + 2], 'the first line'))
+for i = A + 3, #ARGV do fault = fault or need_whole(ARGV[i], 'a held claim') end
+if fault then return refuse('X_INVARIANT', fault) end
+local worker, msg, line = ARGV[A], ARGV[A + 1], ARGV[A + 2]
 local held = {}
-for i = A + 2, #ARGV do held[ARGV[i]] = true end
+for i = A + 3, #ARGV do held[ARGV[i]] = true end
 local out = {}
 local ids = redis.call('ZRANGEBYSCORE', P .. ':running', '(' .. fmt(NOW), '+inf')
 table.sort(ids)
@@ -587,6 +851,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', jk, 'upd', fmt(NOW), 'run', fmt(NOW))
     redis.call('HINCRBY', jk, 'att', -1)
     redis.call('HSET', jk, 'ec', 'X_DRIVER_UNAVAILABLE', 'em', msg)
+    log_end(jk, 'handed-back', 'X_DRIVER_UNAVAILABLE', line)
     release_leases(id)
     set_state(jk, q, 'running', 'ready')
     index(jk, id, q)
@@ -598,12 +863,25 @@ return out
 
 -- name: heartbeat
 -- Renew each held row's lease and its concurrency slots: 'ok', 'lost' (not
--- ours any more) or 'cancelled', one per request.
+-- ours any more) or 'cancelled', one per request. Each request also names the
+-- step its run is in ('' : none) and since when, for the attempt log.
+fault = first(need_positive(ARGV[A], 'visibility_timeout'), need_whole(ARGV[A + 1], 'the count', 0))
+if not fault then
+  local m = tonumber(ARGV[A + 1])
+  if #ARGV ~= A + 1 + 6 * m then fault = 'the requests do not add up' end
+  for r = 1, m do
+    local b = A + 2 + (r - 1) * 6
+    fault = fault or first(need(ARGV[b], 'job_id'), need(ARGV[b + 1], 'worker_id'),
+      need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the progress'),
+      need_str(ARGV[b + 4], 'the step'), need_instant_or_empty(ARGV[b + 5], 'the step start'))
+  end
+end
+if fault then return refuse('X_INVARIANT', fault) end
 local vis = tonumber(ARGV[A])
 local n = tonumber(ARGV[A + 1])
 local out = {}
 for r = 1, n do
-  local b = A + 2 + (r - 1) * 4
+  local b = A + 2 + (r - 1) * 6
   local id, worker, claim, pg = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local jk = jobkey(id)
   if owned(jk, worker, claim) then
@@ -611,6 +889,7 @@ for r = 1, n do
     redis.call('HSET', jk, 'le', fmt(le))
     redis.call('ZADD', P .. ':running', le, id)
     if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
+    log_step(jk, ARGV[b + 4], ARGV[b + 5])
     for _, sk in ipairs(redis.call('SMEMBERS', P .. ':jl:' .. id)) do
       local j, w, c = parse_lease(redis.call('GET', sk))
       if j == id and w == worker and c == claim then
@@ -628,12 +907,18 @@ return out
 
 -- name: step_put
 -- One step record, only while the fence holds the row (see put_step).
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
+  need_whole(ARGV[A + 2], 'the claim'), need(ARGV[A + 3], 'the step name'),
+  need_whole(ARGV[A + 4], 'the seq'), need(ARGV[A + 5], 'the record'))
+if fault then return refuse('X_INVARIANT', fault) end
 if put_step(ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]) then
   return 1
 end
 return 0
 
 -- name: publish
+fault = first(need(ARGV[A], 'the event name'), need(ARGV[A + 1], 'the payload'))
+if fault then return refuse('X_INVARIANT', fault) end
 local woke = {}
 publish_event(ARGV[A], ARGV[A + 1], woke)
 announce(woke)
@@ -663,6 +948,10 @@ return out
 -- Take a free slot of `key` (one not held, or whose holder's lease expired), or
 -- keep the one this fence already holds. Answers {slot or -1, own}. Fenced
 -- like every write: a claim that lapsed takes no slot.
+fault = first(need(ARGV[A], 'the lease key'), need_whole(ARGV[A + 1], 'the limit', 1),
+  need(ARGV[A + 2], 'job_id'), need(ARGV[A + 3], 'worker_id'),
+  need_whole(ARGV[A + 4], 'the claim'), need_positive(ARGV[A + 5], 'the ttl'))
+if fault then return refuse('X_INVARIANT', fault) end
 local key, limit, job, worker, claim, ttl = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2], ARGV[A + 3], ARGV[A + 4], tonumber(ARGV[A + 5])
 if not owned(jobkey(job), worker, claim) then return {-1, 0} end
 local free = nil
@@ -694,10 +983,14 @@ if #holders == 0 then own = 0 end
 return {-1, own}
 
 -- name: lease_release
+fault = need(ARGV[A], 'job_id')
+if fault then return refuse('X_INVARIANT', fault) end
 release_leases(ARGV[A])
 return 1
 
 -- name: lease_held
+fault = need(ARGV[A], 'the lease key')
+if fault then return refuse('X_INVARIANT', fault) end
 local n = 0
 local ls = P .. ':lslots:' .. ARGV[A]
 for _, sk in ipairs(redis.call('SMEMBERS', ls)) do
