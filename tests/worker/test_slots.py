@@ -104,3 +104,21 @@ async def test_a_stopped_worker_leaves_no_parked_slot_behind(autojump_clock: Any
         # ...and ended with the worker (the nursery closed: nothing left parked).
         assert worker._parked == []
         assert worker._slot_tasks == 0
+
+
+async def test_attempts_queued_past_the_slot_tasks_run_on_the_busy_ones(
+    autojump_clock: Any, monkeypatch: Any
+) -> None:
+    # The claimer claims only free room, so a claimed attempt finds a parked slot
+    # task or room to start one; the queue behind them is a safety net. Force it:
+    # one slot task for three slots' claims.
+    _seen_tasks.clear()
+    _leak_seen.clear()
+    monkeypatch.setattr(Worker, "_capacity", lambda self: 1)
+    async with jobs_on_memory([who, leaky]) as (jobs, _driver):
+        await who.enqueue_many([Item(f"q{n}") for n in range(6)])
+        await leaky.enqueue_many([Item(f"l{n}") for n in range(3)])
+        async with running_worker(jobs, concurrency=3) as worker:
+            await wait_for(lambda: worker.stats().done == 9)
+    assert len({id(t) for t in _seen_tasks}) == 1
+    assert _leak_seen == ["unset"] * 3  # a fresh context on the queued path too
