@@ -19,6 +19,7 @@ from ._facade import (
     set_job_driver,
 )
 from ._observe import WorkerObserver
+from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._worker import Worker, WorkerStats
@@ -53,6 +54,7 @@ __all__ = [
     "JobsError",
     "Outcome",
     "PurgeResult",
+    "RateLimiter",
     "Retention",
     "Retry",
     "Settled",
@@ -72,6 +74,7 @@ __all__ = [
     "postgres_driver",
     "publish_event",
     "purge_expired",
+    "rate_limiter",
     "redis_driver",
     "register_error_retry",
     "run_to_completion",

@@ -27,6 +27,9 @@ run_var: contextvars.ContextVar[RunState | None] = contextvars.ContextVar(
 # Which of a worker's tasks is running: "claim", "heartbeat", "progress", "job:<id>", ...
 # The simulation orders driver calls by it, so the seed, not Trio's scheduler, decides.
 role_var: contextvars.ContextVar[str] = contextvars.ContextVar("trio_jobs_role", default="")
+# What the running worker says of its fleet (Worker(fleet=...)): "single" when this
+# process is the whole fleet, so a shared rate limit may live in its memory.
+fleet_var: contextvars.ContextVar[str] = contextvars.ContextVar("trio_jobs_fleet", default="many")
 # Set inside run_to_completion(): writes land even past the abort.
 complete_var: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "trio_jobs_complete", default=False

@@ -3,7 +3,8 @@ attempt comes to.
 
 :func:`decide` and :func:`decide_unwind` answer a :class:`Decision`: the one
 settle to write when the run goes back to the queue (a counted ``nack`` after
-its backoff), or a final failure, which the worker buries with
+its backoff, or, for a rate limit, an uncounted one: :func:`deferral`), or a
+final failure, which the worker buries with
 :func:`burial` (after the run's compensators, when it registered any). No I/O,
 no clock: the worker writes what they answer, and a test can read it off.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "burial",
     "decide",
     "decide_unwind",
+    "deferral",
     "retry_after_delay",
 ]
 
@@ -62,7 +64,7 @@ def retry_after_delay(retry: Retry, seconds: float) -> float:
 @attrs.frozen
 class Decision:
     """What a failed attempt comes to: the code and message it records, and
-    ``retry``, the counted hand-back to write, or ``None`` when the failure is
+    ``retry``, the hand-back to write (counted, or uncounted for a deferral), or ``None`` when the failure is
     final (the run is buried with ``code`` and ``message``: :func:`burial`)."""
 
     code: str | None
@@ -86,13 +88,19 @@ def decide(
 ) -> Decision:
     """The body's own failure on attempt ``attempt`` of ``attempts``.
 
-    A ``terminal`` code is final at once; otherwise the run is retried while
+    ``X_RATE_LIMITED`` is no failure: the run waits for the budget, deferred
+    **uncounted** (:func:`deferral`), whatever the attempt and however the code
+    is classified, so it is never dead-lettered for waiting. A ``terminal`` code is final at once; otherwise the run is retried while
     attempts are left, after a ``retry-after`` code's own wait (its
     ``meta["retry_after_seconds"]``, clamped) or the policy's backoff. ``retry``
     is the job's policy (``None`` for a job this worker does not know: the
     default backoff)."""
     error = unwrap(error)
     code = error.code if isinstance(error, JobsError) else None
+    if isinstance(error, JobsError) and code == ErrorCode.X_RATE_LIMITED:
+        return deferral(
+            error, attempt=attempt, retry=retry, fence=fence, progress=progress, jitter=jitter
+        )
     klass = retry_class_of(code)
     terminal = klass == "terminal"
     message = _describe(error)
@@ -106,20 +114,65 @@ def decide(
             None,
         )
     policy = retry if retry is not None else Retry()
-    seconds: Any = error.meta.get("retry_after_seconds") if isinstance(error, JobsError) else None
-    if (
-        klass == "retry-after"
-        and retry is not None
-        and isinstance(seconds, int | float)
-        and not isinstance(seconds, bool)
-        and math.isfinite(seconds)
-    ):
-        delay = retry_after_delay(retry, float(seconds))
+    seconds = _retry_after_seconds(error)
+    if klass == "retry-after" and retry is not None and seconds is not None:
+        delay = retry_after_delay(retry, seconds)
     else:
         # An unclassified code, or a retry-after code without usable seconds (or
         # a job this worker does not know): the ordinary backoff.
         delay = backoff_delay(policy, attempt, jitter)
     return Decision(code, message, _again(fence, delay, code, message, progress))
+
+
+def deferral(
+    error: JobsError,
+    *,
+    attempt: int,
+    retry: Retry | None,
+    fence: Fence,
+    progress: Progress | None,
+    jitter: JitterSource,
+) -> Decision:
+    """A body refused by a rate limit (``X_RATE_LIMITED``): the run goes back
+    ``ready``, due after the error's ``meta["retry_after_seconds"]`` (clamped by
+    ``max_delay``; without usable seconds, the policy's backoff), with the
+    attempt **uncounted**: the attempt number, ``final_attempt`` and the road to
+    the dead letter stay where they were."""
+    policy = retry if retry is not None else Retry()
+    seconds = _retry_after_seconds(error)
+    if seconds is not None:
+        delay = retry_after_delay(policy, seconds)
+    else:
+        delay = backoff_delay(policy, attempt, jitter)
+    message = (
+        f"{_describe(error)} — deferred {delay:.3f}s with the attempt uncounted: "
+        "a rate limit is waited for, never failed"
+    )
+    return Decision(
+        error.code,
+        message,
+        NackOptions(
+            fence=fence,
+            state="ready",
+            counted=False,
+            delay=delay,
+            error_code=error.code,
+            last_error=message,
+            progress=progress,
+        ),
+    )
+
+
+def _retry_after_seconds(error: BaseException) -> float | None:
+    """``meta["retry_after_seconds"]`` when it is a finite number, else ``None``."""
+    seconds: Any = error.meta.get("retry_after_seconds") if isinstance(error, JobsError) else None
+    if (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+    ):
+        return float(seconds)
+    return None
 
 
 def decide_unwind(

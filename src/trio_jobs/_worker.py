@@ -26,7 +26,7 @@ import attrs
 import outcome
 import trio
 
-from . import _ambient, _observe, _tracing
+from . import _ambient, _observe, _rate, _tracing
 from ._attempt import Attempt, Phase
 from ._context import (
     RESERVED_STEP,
@@ -153,6 +153,10 @@ class Worker:
     enforced on top. ``max_in_flight`` caps the whole process. ``observer``
     (a :class:`WorkerObserver`, e.g. ``trio_jobs.web.PrometheusObserver()``)
     is told when slots are taken and freed, attempts end and leases are lost.
+    ``rate_per_tenant=(limit, per)`` caps the bodies of one tenant this process
+    starts in any ``per`` (a run over it is deferred uncounted before its body
+    starts); ``fleet="single"`` says this worker is the whole fleet, so a shared
+    ``rate_limiter`` may live in the memory driver.
 
     >>> async with trio.open_nursery() as nursery:
     ...     await nursery.start(worker.run)   # returns once the worker is claiming
@@ -176,6 +180,8 @@ class Worker:
         boundary: BoundaryHook | None = None,
         event_poll: Duration | None = None,
         observer: WorkerObserver | None = None,
+        fleet: _rate.Fleet = "many",
+        rate_per_tenant: tuple[int, Duration] | None = None,
     ) -> None:
         if not isinstance(jobs, Jobs):
             raise JobsError(
@@ -238,6 +244,10 @@ class Worker:
         self.id = worker_id if worker_id is not None else jobs.ids.new_id()
         self._jitter = jitter if jitter is not None else default_jitter()
         self._boundary = boundary
+        #: "single": this worker is the whole fleet (a shared rate limit may live
+        #: in its memory); and its per-tenant starts (see _rate).
+        self.fleet = _rate.check_fleet(fleet)
+        self._tenant_rate = _rate.tenant_rate(rate_per_tenant)
         # Keyed by claim, not by job id: after a lease lapses the same worker may
         # claim the job again while the stale slot is still unwinding.
         self._held: dict[tuple[str, int], Attempt] = {}
@@ -407,6 +417,7 @@ class Worker:
         self._stopping = False
         self._started_at = self.driver.now()
         self._observer.worker_started(self.id, self.stats().capacity)
+        fleet = _ambient.fleet_var.set(self.fleet)  # the slots inherit it
         try:
             async with trio.open_nursery() as services:
                 services.start_soon(self._heartbeat_loop)
@@ -423,6 +434,7 @@ class Worker:
                         self._close_slots()
                 services.cancel_scope.cancel()
         finally:
+            _ambient.fleet_var.reset(fleet)
             self._finished.set()
             self._observer.worker_stopped(self.id, self.stats().capacity)
             intro = self.driver.introspect
@@ -938,6 +950,13 @@ class Worker:
         except JobsError as exc:
             await self._fault(held, exc, None)
             return
+        if self._tenant_rate is not None:
+            # After the lease: a run handed back over `concurrency` spends no start.
+            over = self._tenant_rate.refuse(claimed, self.driver.now())
+            if over is not None:
+                if await self._nack(held, over):
+                    _rate.deferred(claimed, over, self.id)
+                return
         unwinding = any(r.name == RESERVED_STEP for r in steps) or (
             handle.compensates and claimed.attempt > handle.retry.attempts
         )
@@ -1521,7 +1540,10 @@ class Worker:
         )
         if decision.retry is not None:
             if await self._nack(held, decision.retry):
-                self._count("retried", held, decision.code, error=decision.message)
+                if decision.retry.counted:
+                    self._count("retried", held, decision.code, error=decision.message)
+                else:
+                    _rate.deferred(held.claimed, decision.retry, self.id)
             return
         if handle is not None and handle.compensates and state is not None and state.compensators:
             await unwind(self, held, handle, state, (decision.code, decision.message))

@@ -104,7 +104,8 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "jobs.step.retry": (
         "warning",
         ("job_id", "job", "attempt", "code", "worker_id", "retry", "retry_in"),
-        "a step record, step.transaction's transaction or an event poll met a transient driver "
+        "a step record, step.transaction's transaction, an event poll or a rate limiter's "
+        "acquire met a transient driver "
         "failure (X_DRIVER_UNAVAILABLE, X_DRIVER_CONFLICT): retry number `retry` follows in "
         "`retry_in` seconds, within the write budget and while the lease holds; past the budget "
         "the run is handed back uncounted (jobs.attempt.faulted), never failed",
@@ -127,6 +128,13 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "an attempt failed and the run goes back to the queue after its backoff (code: the "
         "failure's X_* code, null for an exception without one; error: the first line of its "
         "message, e.g. `RuntimeError: card declined`)",
+    ),
+    "jobs.attempt.deferred": (
+        "info",
+        ("job_id", "job", "attempt", "code", "retry_in", "queue", "worker_id"),
+        "a rate limit refused the run (X_RATE_LIMITED: a rate_limiter's acquire in the body, "
+        "or the worker's rate_per_tenant before the body started): it goes back to the queue "
+        "for `retry_in` seconds with the attempt uncounted, never dead-lettered for waiting",
     ),
     "jobs.attempt.faulted": (
         "warning",
@@ -320,6 +328,7 @@ SUMMARIES: dict[str, str] = {
     ),
     "jobs.claim.exhausted": "its lease lapsed on its final attempt; the claim buried it",
     "jobs.attempt.retried": "failed; it runs again after its backoff",
+    "jobs.attempt.deferred": "rate limited; runs again in {retry_in}s, the attempt uncounted",
     "jobs.attempt.faulted": (
         "met an infrastructure fault; handed back to the queue with the attempt uncounted"
     ),

@@ -20,7 +20,7 @@ import orjson
 
 import trio_jobs.logging as tj_logging
 from jobs_support import jobs_on_memory, running_worker, wait_state
-from trio_jobs import ErrorCode, JobContext, JobsError, Retry, job
+from trio_jobs import JobContext, JobsError, Retry, job
 
 SECRET = "tok_live_SECRET_42"
 
@@ -122,7 +122,7 @@ async def test_the_json_lines_carry_the_job_the_code_and_the_error(autojump_cloc
     async def charge(ctx: JobContext[Card]) -> None:
         if ctx.attempt == 1:
             raise RuntimeError(f"declined {ctx.input.key}")
-        raise JobsError(ErrorCode.X_RATE_LIMITED, "the gateway is busy\nretry later")
+        raise JobsError("X_GATEWAY_BUSY", "the gateway is busy\nretry later")
 
     @job(
         input=Card,
@@ -149,8 +149,8 @@ async def test_the_json_lines_carry_the_job_the_code_and_the_error(autojump_cloc
     assert (retried["job"], retried["attempt"], retried["code"]) == ("json.charge", 1, None)
     assert retried["error"] == "RuntimeError: declined [redacted]"
     dead = by[("jobs.job.dead-lettered", a.id)]
-    assert (dead["job"], dead["attempt"], dead["code"]) == ("json.charge", 2, "X_RATE_LIMITED")
-    assert dead["error"] == "X_RATE_LIMITED: the gateway is busy"
+    assert (dead["job"], dead["attempt"], dead["code"]) == ("json.charge", 2, "X_GATEWAY_BUSY")
+    assert dead["error"] == "X_GATEWAY_BUSY: the gateway is busy"
     hushed = by[("jobs.job.dead-lettered", b.id)]
     assert (hushed["job"], hushed["code"]) == ("json.hush", "X_JOB_MAX_ATTEMPTS")
     assert hushed["error"] is None

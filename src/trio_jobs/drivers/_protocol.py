@@ -53,6 +53,8 @@ __all__ = [
     "NackOptions",
     "PROMOTABLE_STATES",
     "QueueStats",
+    "RateGrant",
+    "RateLimitStore",
     "StepRecord",
     "StepStatus",
     "StepStore",
@@ -504,6 +506,43 @@ class LeaseStore(Protocol):
     async def held(self, lease_key: str) -> int: ...
 
 
+# --------------------------------------------------------------------------- rate limits
+
+
+@attrs.frozen
+class RateGrant:
+    """What a rate-limit acquisition answers: ``granted``, or the seconds until
+    one would be (``retry_after``, more than 0 when refused; 0 when granted)."""
+
+    granted: bool
+    retry_after: float = 0.0
+
+
+class RateLimitStore(Protocol):
+    """Sliding-window rate limits kept in the driver's store (``rate_limiter()``).
+
+    One log per ``(name, key)``: an acquisition at the store's now is granted and
+    recorded while fewer than ``limit`` were granted in the ``per`` seconds
+    before it, so at most ``limit`` are granted in any interval of length
+    ``per``; one refused records nothing and answers when the oldest
+    acquisition that must leave the window leaves it. Decided on the store's
+    own clock (the database's, the Redis server's), in one atomic statement, so
+    acquirers in many processes share one budget.
+
+    Declared capability (read as a plain attribute, never probed):
+    :attr:`shared`."""
+
+    @property
+    def shared(self) -> bool:
+        """Whether every process of the fleet reaches this same store. ``False``
+        for a store in one process's memory: a ``scope="shared"`` limiter over it
+        refuses (``X_RATE_LIMIT_NOT_SHARED``) unless the worker is the whole
+        fleet (``Worker(fleet="single")``)."""
+        ...
+
+    async def acquire(self, name: str, key: str, limit: int, per: float) -> RateGrant: ...
+
+
 # --------------------------------------------------------------------------- stats / views
 
 
@@ -763,10 +802,11 @@ class JobIntrospection(Protocol):
 @runtime_checkable
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
-    are ``None`` when the driver lacks them: ``leases``, ``introspect``, ``wake``.
+    are ``None`` when the driver lacks them: ``leases``, ``rate_limits``,
+    ``introspect``, ``wake``.
     Declared capabilities are plain attributes every driver provides (the worker
     reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
-    ``LeaseStore.wakes_waiters`` and ``WakeSource.live``."""
+    ``LeaseStore.wakes_waiters``, ``RateLimitStore.shared`` and ``WakeSource.live``."""
 
     @property
     def name(self) -> str: ...
@@ -794,6 +834,9 @@ class JobDriver(Protocol):
 
     @property
     def leases(self) -> LeaseStore | None: ...
+
+    @property
+    def rate_limits(self) -> RateLimitStore | None: ...
 
     @property
     def introspect(self) -> JobIntrospection | None: ...

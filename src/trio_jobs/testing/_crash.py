@@ -111,7 +111,12 @@ async def _run_to_rest(
     """Run workers until every row is terminal, fast-forwarding every wait."""
     for _ in range(MAX_PASSES):
         worker = Worker(
-            facade, queues=queues, boundary=hook, visibility_timeout=CRASH_VT, concurrency=8
+            facade,
+            queues=queues,
+            boundary=hook,
+            visibility_timeout=CRASH_VT,
+            concurrency=8,
+            fleet="single",
         )
         await worker.run_until_quiet()
         now = driver.now()

@@ -172,5 +172,7 @@ async def open_harness(
     clock = HarnessClock(origin)
     driver = MemoryDriver(clock=clock)
     worker_options.setdefault("concurrency", 8)
+    # The harness's workers are its whole fleet: a shared rate limit lives here.
+    worker_options.setdefault("fleet", "single")
     async with open_jobs(driver, jobs=jobs) as facade:
         yield Harness(facade, driver, clock, worker_options)

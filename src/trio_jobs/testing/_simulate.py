@@ -477,6 +477,7 @@ class _SimDriver:
         self.steps = _Sub(self, "steps", self._d.steps)
         self.events = _Sub(self, "events", self._d.events)
         self.leases = _Sub(self, "leases", self._d.leases)
+        self.rate_limits = _Sub(self, "rate_limits", self._d.rate_limits)
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
@@ -988,6 +989,8 @@ async def _simulate(
             # Off the 0.25 s grid of the polls and the 1 s grid of progress, so no
             # two of one worker's timers fire at the same virtual instant.
             "heartbeat_interval": 9.987654,
+            # Every simulated worker spends the one memory driver's rate limits.
+            "fleet": "single",
             **worker_options,
         }
         worker_label = proxy.label

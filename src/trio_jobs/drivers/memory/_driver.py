@@ -61,6 +61,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._resolve import check_bulk_action, resolved_prefix
+from ._rate import MemoryRateLimits
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -226,6 +227,7 @@ class MemoryDriver:
         self.steps = _MemorySteps(self)
         self.events = _MemoryEvents(self)
         self.leases: _MemoryLeases | None = _MemoryLeases(self)
+        self.rate_limits: MemoryRateLimits | None = MemoryRateLimits(self)
         self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
         self.wake: _Wake | None = self._wake
         self.opened = False

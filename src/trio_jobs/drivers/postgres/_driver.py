@@ -62,6 +62,7 @@ from .._protocol import (
     NackOptions,
     Progress,
     QueueStats,
+    RateLimitStore,
     StepRecord,
     StepView,
     WorkerInfo,
@@ -231,6 +232,7 @@ class PostgresDriver:
         self.steps = _PgSteps(self)
         self.events = _PgEvents(self)
         self.leases: _PgLeases | None = _PgLeases(self)
+        self.rate_limits: RateLimitStore | None = None
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
         self.wake: PgWake | None = PgWake(
             self.channel,

@@ -48,6 +48,7 @@ from .._protocol import (
     NackOptions,
     Progress,
     QueueStats,
+    RateLimitStore,
     StepRecord,
     first_line,
     nack_outcome,
@@ -287,6 +288,7 @@ class RedisDriver:
         self.steps = _RedisSteps(self)
         self.events = _RedisEvents(self)
         self.leases: _RedisLeases | None = _RedisLeases(self)
+        self.rate_limits: RateLimitStore | None = None
         #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
         #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
         self.introspect: None = None
