@@ -108,6 +108,9 @@ def test_concurrency_is_n_or_per_queue() -> None:
         (["--visibility-timeout", "soon"], "X_CONFIG_INVALID"),
         (["--drain-timeout", "-1"], "X_CONFIG_INVALID"),
         (["--max-in-flight", "0"], "X_INVARIANT"),
+        (["--rate-per-tenant", "0/1m"], "X_CONFIG_INVALID"),
+        (["--rate-per-tenant", "10"], "X_CONFIG_INVALID"),
+        (["--rate-per-tenant", "10/soon"], "X_CONFIG_INVALID"),
     ],
 )
 def test_worker_settings_are_refused_before_any_io(
@@ -126,3 +129,14 @@ def test_worker_settings_are_refused_before_any_io(
     )
     assert out.exit_code == 1
     assert out.output.startswith(f"{code}: "), out.output
+
+
+def test_rate_per_tenant_reads_limit_slash_per() -> None:
+    from trio_jobs.cli._worker import parse_rate
+
+    assert parse_rate(None) is None
+    assert parse_rate("10/1m") == (10, "1m")
+    assert parse_rate(" 3 / 250ms ") == (3, "250ms")
+    with pytest.raises(JobsError) as caught:
+        parse_rate("-1/1m")
+    assert "--rate-per-tenant is LIMIT/PER" in caught.value.message

@@ -243,6 +243,13 @@ def migrate(as_json: bool, database_url: str | None) -> None:
     help="Run the hourly retention purge (done rows after 14 d, dead after 90 d).",
 )
 @click.option(
+    "--rate-per-tenant",
+    default=None,
+    metavar="LIMIT/PER",
+    help="At most LIMIT bodies of one tenant started per PER (a duration: 10/1m) by each "
+    "worker process; a run over it is deferred, its attempt uncounted.",
+)
+@click.option(
     "--processes",
     type=int,
     default=1,
@@ -262,6 +269,7 @@ def worker(
     poll_interval: str,
     idle_poll_max: str | None,
     purge: bool,
+    rate_per_tenant: str | None,
     processes: int,
     as_json: bool,
     database_url: str | None,
@@ -275,7 +283,14 @@ def worker(
     abandoned jobs); a child that dies is restarted after a backoff; a child
     that refuses its configuration at start stops them all with its exit code."""
     from ._supervise import ChildLink
-    from ._worker import WorkerOptions, check_settings, parse_concurrency, parse_queues, serve
+    from ._worker import (
+        WorkerOptions,
+        check_settings,
+        parse_concurrency,
+        parse_queues,
+        parse_rate,
+        serve,
+    )
 
     configure_logging(as_json)
     opts = WorkerOptions(
@@ -290,6 +305,7 @@ def worker(
         purge=purge,
         database_url=database_url,
         processes=processes,
+        rate_per_tenant=parse_rate(rate_per_tenant),
     )
     check_settings(opts)
     if processes > 1:

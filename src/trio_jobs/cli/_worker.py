@@ -45,6 +45,7 @@ __all__ = [
     "load_jobs",
     "parse_concurrency",
     "parse_queues",
+    "parse_rate",
     "serve",
 ]
 
@@ -175,6 +176,29 @@ def check_settings(opts: WorkerOptions) -> None:
         )
 
 
+def parse_rate(value: str | None) -> tuple[int, str] | None:
+    """``--rate-per-tenant LIMIT/PER`` (``10/1m``): the pair ``Worker(rate_per_tenant=...)``
+    takes; ``X_CONFIG_INVALID`` for a value that is not one."""
+    from .._rate import tenant_rate
+    from ..errors import JobsError
+
+    if value is None:
+        return None
+    limit, slash, per = value.partition("/")
+    limit = limit.strip()
+    if not slash or not limit.isascii() or not limit.isdigit():
+        raise config_error(
+            "--rate-per-tenant is LIMIT/PER: a whole number of starts per tenant and a "
+            "duration, e.g. 10/1m"
+        )
+    rate = (int(limit), per.strip())
+    try:
+        tenant_rate(rate)
+    except JobsError as exc:
+        raise config_error(exc.message.replace("rate_per_tenant", "--rate-per-tenant")) from None
+    return rate
+
+
 @attrs.frozen
 class WorkerOptions:
     target: str
@@ -188,6 +212,7 @@ class WorkerOptions:
     purge: bool
     database_url: str | None
     processes: int = 1
+    rate_per_tenant: tuple[int, str] | None = None
 
 
 async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str, Any]:
@@ -215,6 +240,7 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
                 drain_timeout=opts.drain_timeout,
                 poll_interval=opts.poll_interval,
                 idle_poll_max=opts.idle_poll_max,
+                rate_per_tenant=opts.rate_per_tenant,
             )
             async with trio.open_nursery() as nursery:
                 if link is not None:

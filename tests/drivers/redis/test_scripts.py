@@ -172,6 +172,16 @@ CASES: list[tuple[str, ErrorCode, Call]] = [
         lambda w: w.driver.leases.held(""),  # type: ignore[union-attr]
     ),
     ("schema: version 'x'", ErrorCode.X_INVARIANT, _script("schema", "x")),
+    # rate limits
+    ("rate_acquire: no name", ErrorCode.X_INVARIANT, _script("rate_acquire", "", "k", "1", "1.0")),
+    ("rate_acquire limit=0", ErrorCode.X_INVARIANT, _script("rate_acquire", "n", "k", "0", "1.0")),
+    (
+        "rate_acquire per=nan",
+        ErrorCode.X_INVARIANT,
+        lambda w: w.driver.rate_limits.acquire("n", "k", 1, math.nan),  # type: ignore[union-attr]
+    ),
+    ("rate_acquire per=0", ErrorCode.X_INVARIANT, _script("rate_acquire", "n", "k", "1", "0")),
+    ("rate_acquire: no key", ErrorCode.X_INVARIANT, _script("rate_acquire", "n")),
 ]
 
 

@@ -62,6 +62,7 @@ from .._protocol import (
     NackOptions,
     Progress,
     QueueStats,
+    RateGrant,
     RateLimitStore,
     StepRecord,
     StepView,
@@ -232,7 +233,7 @@ class PostgresDriver:
         self.steps = _PgSteps(self)
         self.events = _PgEvents(self)
         self.leases: _PgLeases | None = _PgLeases(self)
-        self.rate_limits: RateLimitStore | None = None
+        self.rate_limits: RateLimitStore | None = _PgRateLimits(self)
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
@@ -989,6 +990,27 @@ class _PgEvents:
         now = float(rows[0][0])
         found = [EventRecord(int(r[1]), r[2], r[3], float(r[4])) for r in rows if r[1] is not None]
         return found, now
+
+
+# --------------------------------------------------------------------------- rate limits
+
+
+class _PgRateLimits:
+    """Rate limits in a table every process of the fleet reaches: one upsert
+    per acquisition (``rate_acquire``, rate.sql), on the database's clock."""
+
+    #: One table for the fleet.
+    shared = True
+
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    async def acquire(self, name: str, key: str, limit: int, per: float) -> RateGrant:
+        rows = await self._d._fetch(
+            "rate_acquire", {"name": name, "key": key, "limit": int(limit), "per": float(per)}
+        )
+        granted, wait = rows[0]
+        return RateGrant(True) if granted else RateGrant(False, float(wait))
 
 
 # --------------------------------------------------------------------------- leases

@@ -48,6 +48,7 @@ from .._protocol import (
     NackOptions,
     Progress,
     QueueStats,
+    RateGrant,
     RateLimitStore,
     StepRecord,
     first_line,
@@ -288,7 +289,7 @@ class RedisDriver:
         self.steps = _RedisSteps(self)
         self.events = _RedisEvents(self)
         self.leases: _RedisLeases | None = _RedisLeases(self)
-        self.rate_limits: RateLimitStore | None = None
+        self.rate_limits: RateLimitStore | None = _RedisRateLimits(self)
         #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
         #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
         self.introspect: None = None
@@ -912,6 +913,24 @@ class _RedisLeases:
 
     async def held(self, lease_key: str) -> int:
         return int(await self._d._script("lease_held", [lease_key]))
+
+
+class _RedisRateLimits:
+    """Rate limits in keys every process of the fleet reaches: one script call
+    per acquisition (``rate_acquire``), a sorted set per window, on the server's
+    clock."""
+
+    #: One server for the fleet.
+    shared = True
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+
+    async def acquire(self, name: str, key: str, limit: int, per: float) -> RateGrant:
+        granted, wait = await self._d._script(
+            "rate_acquire", [name, key, str(int(limit)), repr(float(per))]
+        )
+        return RateGrant(True) if int(granted) else RateGrant(False, float(_s(wait)))
 
 
 __all__ += ["live_field", "unavailable"]

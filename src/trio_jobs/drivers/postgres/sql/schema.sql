@@ -1,4 +1,4 @@
--- The trio-jobs schema as of migration 0005: what replaying every migration gives.
+-- The trio-jobs schema: what replaying every migration gives.
 --
 -- Times are float8 seconds since the Unix epoch, decided by the database's clock
 -- (see trio_jobs_now below): the protocol speaks float seconds, and a float8
@@ -234,3 +234,16 @@ CREATE TABLE trio_jobs_outbox (
     published_at float8
 );
 CREATE INDEX trio_jobs_outbox_pending_idx ON trio_jobs_outbox (seq) WHERE published_at IS NULL;
+
+-- Rate limits (rate_limiter()), since 0007: one row per (limiter name, key)
+-- holding the acquisitions granted in its last window, oldest first.
+CREATE TABLE trio_jobs_rate_limits (
+    name    text NOT NULL,
+    key     text NOT NULL,
+    -- the granted acquisitions still in the window as of `at`, oldest first
+    hits    float8[] NOT NULL,
+    -- the last decision: granted or not, and when
+    granted boolean NOT NULL,
+    at      float8 NOT NULL,
+    PRIMARY KEY (name, key)
+);

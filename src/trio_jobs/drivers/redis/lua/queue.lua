@@ -37,6 +37,9 @@
 --   P:busy:<key>             runs waiting on a busy lease key: score = priority,
 --                            member = '<seq>' .. id (see wake_waiter)
 --   P:wake                   the pub/sub channel; the message is a queue name
+--   P:rate:<len>:<name>:<key>  a rate limiter's window: score = when an acquisition
+--                            was granted, member = '<score>:<seq>' (see rate_acquire)
+--   P:rate:seq               the counter that keeps those members apart
 
 -- name: prelude
 -- The range every driver accepts (_validate.py, _time.py): instants from 1970
@@ -1002,6 +1005,31 @@ for _, sk in ipairs(redis.call('SMEMBERS', ls)) do
   end
 end
 return n
+
+-- name: rate_acquire
+-- One acquisition of limiter ARGV[A] under key ARGV[A + 1]: at most ARGV[A + 2]
+-- granted in any ARGV[A + 3] seconds. The window is a sorted set of the grants'
+-- instants (the server's clock); those that left it are dropped first. Under the
+-- limit, the grant is recorded and the key expires a second after its window
+-- would empty; at it, nothing is recorded and the answer is the seconds until
+-- the grant that must leave the window leaves it (at least 1 ms). The name's
+-- length leads the key, so no name and key join into another pair's key.
+-- Answers {1, '0'} or {0, '<seconds>'}.
+fault = first(need(ARGV[A], 'the limiter name'), need_str(ARGV[A + 1], 'the key'),
+  need_whole(ARGV[A + 2], 'the limit', 1), need_positive(ARGV[A + 3], 'the window'))
+if fault then return refuse('X_INVARIANT', fault) end
+local name, limit, per = ARGV[A], tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3])
+local rk = P .. ':rate:' .. string.len(name) .. ':' .. name .. ':' .. ARGV[A + 1]
+redis.call('ZREMRANGEBYSCORE', rk, '-inf', fmt(NOW - per))
+local n = redis.call('ZCARD', rk)
+if n < limit then
+  local seq = redis.call('INCR', P .. ':rate:seq')
+  redis.call('ZADD', rk, fmt(NOW), fmt(NOW) .. ':' .. seq)
+  redis.call('PEXPIRE', rk, math.ceil(per * 1000) + 1000)
+  return {1, '0'}
+end
+local leaving = redis.call('ZRANGE', rk, n - limit, n - limit, 'WITHSCORES')
+return {0, fmt(math.max(0.001, tonumber(leaving[2]) + per - NOW))}
 
 -- name: counters
 -- Minute buckets at or after ARGV[A + 1] for job ARGV[A] ('' for every job).
