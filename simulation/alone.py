@@ -76,6 +76,7 @@ async def _one(name: str) -> int:
                     poll_interval=0.25,
                     idle_poll_max=5.0,
                     heartbeat_interval=9.987654,
+                    fleet="single",  # the scenario's whole fleet, as in the simulation
                 )
                 nursery.start_soon(worker.run)
             # A look once a virtual second, as the simulation's quiet poll looks.

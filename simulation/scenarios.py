@@ -9,7 +9,16 @@ from typing import Any
 import attrs
 import trio
 
-from trio_jobs import Concurrency, JobContext, JobsError, Retry, current_jobs, job, publish_event
+from trio_jobs import (
+    Concurrency,
+    JobContext,
+    JobsError,
+    Retry,
+    current_jobs,
+    job,
+    publish_event,
+    rate_limiter,
+)
 from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
 
 
@@ -399,6 +408,36 @@ def cancels_hold(world: World) -> None:
     assert len(targets) == sum(1 for v in world.jobs if v.name == operator.name)
 
 
+#: The fleet's budget in the rate-limits scenario, and when each grant was seen.
+METER = rate_limiter("sim.vendor", limit=3, per="10s")
+GRANTS: list[float] = []
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"metered:{i.n}",
+    retry=Retry(attempts=2, base="1s", max_delay="10s"),
+)
+async def metered(ctx: JobContext[Item]) -> int:
+    """Acquires the budget first; two attempts, far fewer than the deferrals."""
+    await METER.acquire()
+    GRANTS.append(trio.current_time())  # the store decided at this virtual instant
+    return int(await ctx.step.run("send", lambda: ctx.input.n))
+
+
+def budget_kept(world: World) -> None:
+    """Every run done (waiting for the budget never dead-letters it), and at most
+    3 grants in any 10 s."""
+    all_settled(world)
+    for view in world.jobs:
+        assert view.state == "done", f"{view.id} ended {view.state} ({view.error_code})"
+    grants = sorted(GRANTS)
+    for i in range(len(grants) - METER.limit):
+        assert grants[i] <= grants[i + METER.limit] - METER.per, (
+            f"{METER.limit + 1} grants within {METER.per:g} s: {grants[i : i + METER.limit + 1]}"
+        )
+
+
 # ----------------------------------------------------------------------- scenarios
 
 
@@ -495,6 +534,14 @@ SCENARIOS: dict[str, Scenario] = {
             lambda: [(operator, Item(n)) for n in range(20)],
             cancels_hold,
             Faults(crash=0.004, lease_loss=0.004, driver_errors=0.01, pause=0.004),
+        ),
+        Scenario(
+            "rate-limits",
+            [metered],
+            lambda: [(metered, Item(i)) for i in range(15)],
+            budget_kept,
+            Faults(driver_errors=0.03, skew=2.0),
+            reset=GRANTS.clear,
         ),
         Scenario(
             "events",

@@ -21,12 +21,13 @@ from typing import Any
 
 import attrs
 
-from . import _unwind
+from . import _retry, _unwind
 from ._attempt import Attempt
 from ._context import Compensator, RunState, Steps
 from ._worker import Worker
 from .drivers._protocol import AckOptions, ClaimedJob, EventRecord, Fence, NackOptions
 from .drivers.memory import _driver as memory
+from .drivers.memory import _rate as memory_rate
 from .errors import ErrorCode
 
 __all__ = ["NAMES", "active", "planted"]
@@ -209,6 +210,32 @@ def _waiter_not_woken(stack: _Stack) -> None:
     stack.enter_context(_patched(memory.MemoryDriver, "_wake_waiter", sleep_on))
 
 
+def _rate_limit_counts(stack: _Stack) -> None:
+    """A rate-limited run is handed back with its attempt counted: the retry
+    decision's deferral counts (so a backlog waiting for a budget dies)."""
+    deferral = _retry.deferral
+
+    def counted(*args: Any, **kwargs: Any) -> _retry.Decision:
+        decision = deferral(*args, **kwargs)
+        assert decision.retry is not None
+        return attrs.evolve(decision, retry=attrs.evolve(decision.retry, counted=True))
+
+    stack.enter_context(_patched(_retry, "deferral", counted))
+
+
+def _rate_window_halved(stack: _Stack) -> None:
+    """The window forgets grants early: the memory store counts the grants of
+    half the window."""
+    acquire = memory_rate.MemoryRateLimits.acquire
+
+    async def halved(
+        self: memory_rate.MemoryRateLimits, name: str, key: str, limit: int, per: float
+    ) -> Any:
+        return await acquire(self, name, key, limit, per / 2)
+
+    stack.enter_context(_patched(memory_rate.MemoryRateLimits, "acquire", halved))
+
+
 _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "double-settle": _double_settle,
     "unfenced-settle": _unfenced_settle,
@@ -220,6 +247,8 @@ _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "cancelled-body-writes": _cancelled_body_writes,
     "event-before-wait": _event_before_wait,
     "waiter-not-woken": _waiter_not_woken,
+    "rate-limit-counts": _rate_limit_counts,
+    "rate-window-halved": _rate_window_halved,
 }
 
 NAMES = frozenset(_PLANTERS)

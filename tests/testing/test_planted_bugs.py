@@ -32,6 +32,8 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cancelled-body-writes": ("drain-under-load", tuple(range(1, 13))),
     "event-before-wait": ("events", (1, 2, 3)),
     "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
+    "rate-limit-counts": ("rate-limits", (1, 2, 3)),
+    "rate-window-halved": ("rate-limits", (1, 2, 3)),
 }
 
 #: The kind of violation each bug is caught by (a phrase of the checker's message).
@@ -46,6 +48,8 @@ VIOLATIONS: dict[str, str] = {
     "cancelled-body-writes": "after its worker w0.0 aborted it (drain)",
     "event-before-wait": "the first payment since",
     "waiter-not-woken": "runs wait on keys nothing holds or takes",
+    "rate-limit-counts": "a run waiting for a budget spends no attempt",
+    "rate-window-halved": "4 grants within 10 s",
 }
 
 
@@ -141,10 +145,11 @@ def test_no_product_module_reads_a_planted_switch() -> None:
 
 
 def _replaceable() -> dict[str, object]:
-    from trio_jobs import _unwind
+    from trio_jobs import _retry, _unwind
     from trio_jobs._context import RunState, Steps
     from trio_jobs._worker import Worker
     from trio_jobs.drivers.memory import _driver as memory
+    from trio_jobs.drivers.memory import _rate as memory_rate
 
     owners: list[tuple[str, object, tuple[str, ...]]] = [
         ("Worker", Worker, ("_settle_write", "_nack")),
@@ -154,6 +159,8 @@ def _replaceable() -> dict[str, object]:
         ("memory", memory, ("_key",)),
         ("MemoryDriver", memory.MemoryDriver, ("_owned", "_release_leases", "_wake_waiter")),
         ("_MemoryEvents", memory._MemoryEvents, ("poll",)),
+        ("_retry", _retry, ("deferral",)),
+        ("MemoryRateLimits", memory_rate.MemoryRateLimits, ("acquire",)),
     ]
     return {
         f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names

@@ -421,6 +421,15 @@ class _Checker:
         self.completed[key] = record.output
 
     def on_nack(self, job_id: str, options: NackOptions, attempt_before: int, landed: bool) -> None:
+        if (
+            landed
+            and options.error_code == ErrorCode.X_RATE_LIMITED
+            and (options.counted or options.state in ("dead", "failed"))
+        ):
+            self.fail(
+                f"job {job_id} was rate limited and handed back {options.state} with its attempt "
+                "counted: a run waiting for a budget spends no attempt"
+            )
         if landed and options.counted and options.state == "ready" and options.last_error is None:
             self.fail(
                 f"job {job_id} was handed back with its attempt counted but no failure (a drain?)"
