@@ -25,6 +25,7 @@ from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result, profi
 #: calls ``main(options)`` of the module (imported only when asked for).
 SUITES: dict[str, str] = {
     "postgres": "benchmarks.postgres",
+    "rate": "benchmarks.rate",
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
 }
