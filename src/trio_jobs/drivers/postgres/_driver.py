@@ -30,6 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..._serialization import dumps
 from ..._time import Clock, SystemClock
 from ...errors import ErrorCode, JobsError
+from .._attempt_log import attempt_records
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
     CANCELLED_LINE,
@@ -141,31 +142,6 @@ def _progress(value: Any) -> Progress | None:
     if not isinstance(value, Mapping):
         return None
     return Progress(float(value["done"]), float(value["total"]), value.get("note"))
-
-
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def attempt_records(value: Any) -> list[AttemptRecord]:
-    """An attempt log as stored (a JSON array of objects, or NULL) → records."""
-    if not isinstance(value, Sequence):
-        return []
-    return [
-        AttemptRecord(
-            attempt=int(e["attempt"]),
-            worker_id=str(e["worker_id"]),
-            started_at=float(e["started_at"]),
-            ended_at=_float_or_none(e.get("ended_at")),
-            outcome=e.get("outcome"),
-            error_code=e.get("error_code"),
-            error=e.get("error"),
-            step=e.get("step"),
-            step_started_at=_float_or_none(e.get("step_started_at")),
-        )
-        for e in value
-        if isinstance(e, Mapping)
-    ]
 
 
 def conninfo_with_schema(dsn: str, schema: str | None) -> str:

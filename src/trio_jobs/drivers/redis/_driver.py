@@ -29,6 +29,7 @@ from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from ...logging import emit
+from .._attempt_log import attempt_records
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -190,10 +191,6 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     return records
 
 
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None or value == "" else float(value)
-
-
 def _attempts_from(raw: Any) -> list[AttemptRecord]:
     """The row's ``al`` field (a JSON array; times as strings) → records."""
     if not raw:
@@ -201,21 +198,7 @@ def _attempts_from(raw: Any) -> list[AttemptRecord]:
     data = loads(_s(raw))
     if not isinstance(data, list):  # cjson writes an empty table as {}
         return []
-    return [
-        AttemptRecord(
-            attempt=int(e["attempt"]),
-            worker_id=str(e["worker_id"]),
-            started_at=float(e["started_at"]),
-            ended_at=_float_or_none(e.get("ended_at")),
-            outcome=e.get("outcome"),
-            error_code=e.get("error_code"),
-            error=e.get("error"),
-            step=e.get("step"),
-            step_started_at=_float_or_none(e.get("step_started_at")),
-        )
-        for e in data
-        if isinstance(e, dict)
-    ]
+    return attempt_records(data)
 
 
 def unavailable(what: str) -> DriverError:
