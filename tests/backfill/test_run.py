@@ -449,3 +449,69 @@ async def test_without_a_ledger_a_pass_runs_with_no_bookkeeping(
             await jobs.backfills()
     assert err.value.code == ErrorCode.X_NOT_IMPLEMENTED
     assert "keeps no backfill ledger" in err.value.message
+
+
+class FlakyLedger:
+    """Wraps a driver's ledger: ``record`` raises ``X_DRIVER_UNAVAILABLE`` for the
+    next ``fail`` calls, or while ``down``, before reaching the store."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        assert driver.backfills is not None
+        self.real = driver.backfills.record
+        self.fail = 0
+        self.down = False
+        self.calls = 0
+        driver.backfills.record = self.record  # type: ignore[method-assign]
+
+    async def record(self, page: Any) -> None:
+        self.calls += 1
+        if self.down or self.fail > 0:
+            self.fail = max(0, self.fail - 1)
+            raise JobsError(ErrorCode.X_DRIVER_UNAVAILABLE, "the database is away")
+        await self.real(page)
+
+
+async def test_a_ledger_write_rides_out_a_short_outage(world: World, autojump_clock: Any) -> None:
+    copy = make(world)
+    async with jobs_on_memory([copy]) as (jobs, driver):
+        flaky = FlakyLedger(driver)
+        flaky.fail = 3  # the opening write, then page 1's, fail and are retried
+        async with running_worker(jobs):
+            enqueued = await copy.enqueue(Copy("users"))
+            view = await wait_state(jobs, enqueued.id, "done")
+        [row] = await jobs.backfills()
+    assert (view.attempts, view.result) == (1, {"pages": 4, "items": 10})
+    assert world.handled == [1, 4, 7, 10]  # no page handled again
+    assert (row.pages, row.items) == (4, 10)
+
+
+async def test_a_ledger_that_stays_away_hands_the_run_back_uncounted(
+    world: World, autojump_clock: Any
+) -> None:
+    flaky: list[FlakyLedger] = []
+
+    def write(items: list[int], input: Copy) -> None:
+        world.write(items, input)
+        if items[0] == 4 and world.handled.count(4) == 1:
+            flaky[0].down = True  # page 2's ledger write, after its handle, never lands
+
+    copy = make(world, handle=write)
+    async with jobs_on_memory([copy]) as (jobs, driver):
+        flaky.append(FlakyLedger(driver))
+        async with running_worker(jobs):
+            enqueued = await copy.enqueue(Copy("users"))
+            await wait_for(lambda: flaky[0].down, what="page 2 to be handled")
+            await trio.sleep(60)  # past the write budget, a few times over
+            flaky[0].down = False
+            view = await wait_state(jobs, enqueued.id, "done")
+        [row] = await jobs.backfills()
+    # each attempt that met the outage was handed back uncounted (a database
+    # fault is not the job's failure) and resumed at page 2; none was counted
+    assert view.attempts == 1
+    outcomes = [(a.outcome, a.error_code) for a in view.attempt_log]
+    assert outcomes[0] == ("handed-back", ErrorCode.X_DRIVER_UNAVAILABLE)
+    assert outcomes[-1] == ("done", None)
+    assert world.handled[:2] == [1, 4]
+    assert world.handled[-2:] == [7, 10]
+    assert set(world.handled[2:-2]) == {4}
+    assert (row.pages, row.items, row.cursor) == (4, 10, None)
