@@ -54,6 +54,7 @@ from ..drivers._protocol import (
     WorkerInfo,
 )
 from ..errors import ErrorCode, JobsError
+from ._conformance_backfills import BackfillConformance
 
 __all__ = ["DriverConformance", "ManualClock", "Target", "request"]
 
@@ -152,7 +153,7 @@ def _busy(job: Any, key: str) -> NackOptions:
     return NackOptions(fence=job.fence, state="ready", counted=False, delay=VT * 10, busy_key=key)
 
 
-class DriverConformance:
+class DriverConformance(BackfillConformance):
     """Every rule of the driver protocol. Subclass it and provide ``target``."""
 
     # ------------------------------------------------------------------ capabilities

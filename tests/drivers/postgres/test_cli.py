@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from trio_jobs.cli import main
 from trio_jobs.drivers.postgres import SCHEMA_VERSION
 from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+from trio_jobs.drivers.postgres._sql import migrations
 
 from .conftest import sql
 
@@ -21,7 +22,8 @@ def test_migrate_is_idempotent(pg_dsn: str, pg_schema: str) -> None:
     runner = CliRunner()
     first = runner.invoke(main, ["migrate", "--json", "--database-url", url])
     assert first.exit_code == 0, first.output
-    assert orjson.loads(first.output)["applied"] == list(range(1, SCHEMA_VERSION + 1))
+    known = [v for v, _n, _s in migrations()]
+    assert orjson.loads(first.output)["applied"] == known
     again = runner.invoke(main, ["migrate", "--database-url", url, "--json"])
     assert again.exit_code == 0
     assert orjson.loads(again.output) == {
@@ -31,7 +33,7 @@ def test_migrate_is_idempotent(pg_dsn: str, pg_schema: str) -> None:
         "database": "--database-url",
     }
     versions = sql(pg_dsn, pg_schema, "SELECT version FROM trio_jobs_migrations ORDER BY 1")
-    assert [v for (v,) in versions] == list(range(1, SCHEMA_VERSION + 1))
+    assert [v for (v,) in versions] == known
 
 
 def test_dev_runs_the_example_to_completion_and_prints_the_result(

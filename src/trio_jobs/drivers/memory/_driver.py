@@ -61,6 +61,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._resolve import check_bulk_action, resolved_prefix
+from ._backfills import MemoryBackfills
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -228,6 +229,7 @@ class MemoryDriver:
         self.leases: _MemoryLeases | None = _MemoryLeases(self)
         self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
         self.wake: _Wake | None = self._wake
+        self.backfills: MemoryBackfills | None = MemoryBackfills(self.now, self._check_open)
         self.opened = False
         self.closed = False
 
@@ -1228,6 +1230,6 @@ def memory_driver(*, clock: Clock | None = None) -> MemoryDriver:
 
     Without a ``clock`` it follows Trio's clock, so under ``autojump_clock`` due
     times, backoffs and lease expiry move with virtual time. It implements
-    ``leases`` and ``introspect``: its process is its whole fleet.
+    ``leases``, ``introspect`` and ``backfills``: its process is its whole fleet.
     """
     return MemoryDriver(clock=clock)

@@ -71,6 +71,7 @@ from .._protocol import (
 )
 from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
+from ._backfills import PgBackfills
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
 from ._sql import query
@@ -208,6 +209,7 @@ class PostgresDriver:
         self.events = _PgEvents(self)
         self.leases: _PgLeases | None = _PgLeases(self)
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
+        self.backfills: PgBackfills | None = PgBackfills(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
             conninfo=lambda: self._conninfo,

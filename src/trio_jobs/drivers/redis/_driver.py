@@ -54,6 +54,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._service import ServiceTasks
+from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
 from ._wake import RedisWake
 
@@ -273,6 +274,7 @@ class RedisDriver:
         #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
         #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
         self.introspect: None = None
+        self.backfills: RedisBackfills | None = RedisBackfills(self)
         self.wake: RedisWake | None = RedisWake(
             subscribe=self._subscribe,
             send_probe=self._send_probe,
