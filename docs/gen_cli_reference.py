@@ -63,6 +63,8 @@ def json_shapes() -> dict[str, str]:
         "counters": '{"job": NAME | null, "since": EPOCH, "rows": [{"bucket", "name", "done", '
         '"retried", "failed", "dead", "duration"}, ...], "totals": [{"name", "done", "retried", '
         '"failed", "dead", "duration"}, ...]}',
+        "backfills": '{"backfills": [{"name", "job_id", "pages", "items", "cursor", '
+        '"started_at", "finished_at"}, ...]}',
         "migrate": '{"ok": true, "applied": [VERSION, ...], "version": N, "database": SOURCE}',
         "dev": '{"rows": [{"id", "state", "attempts", "steps", "result"}, ...], "effects": {...}, '
         '"database": SOURCE, "interrupted": false}',

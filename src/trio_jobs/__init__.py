@@ -5,6 +5,7 @@ Declare a job once with :func:`job`, enqueue it from anywhere with
 with a :class:`Worker`. See ``docs/`` for the tutorial.
 """
 
+from ._backfill import backfill
 from ._context import JobContext, Signal, Steps, run_to_completion
 from ._declare import Concurrency, Enqueued, Job, Retry, job
 from ._facade import (
@@ -27,6 +28,7 @@ from .drivers import (
     MAX_BULK_ROWS,
     MAX_ENQUEUE_BATCH,
     MAX_JOB_PAGE,
+    BackfillRow,
     JobPage,
     JobView,
     StepView,
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
+    "BackfillRow",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
@@ -66,6 +69,7 @@ __all__ = [
     "WorkerObserver",
     "WorkerStats",
     "acting_as",
+    "backfill",
     "cross_tenant",
     "current_jobs",
     "job",

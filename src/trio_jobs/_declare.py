@@ -197,7 +197,9 @@ class Job(Generic[I, R]):
     App code enqueues through it; only the worker calls :attr:`run`.
     """
 
-    kind: Literal["job"] = "job"
+    #: Which factory made the handle: ``"job"`` for :func:`job`, ``"backfill"``
+    #: for :func:`~trio_jobs.backfill`, ... (each factory sets its own).
+    kind: str = "job"
 
     def __init__(
         self,

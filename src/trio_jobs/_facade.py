@@ -45,6 +45,7 @@ from .drivers._protocol import (
 from .errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
+    from .drivers._backfills import BackfillRow
     from .outbox import OutboxStore
 
 __all__ = [
@@ -503,6 +504,18 @@ class Jobs:
         """Rows per state in each queue."""
         self._fleet_wide("stats()")
         return await (await self._resolved_driver()).stats()
+
+    async def backfills(
+        self, *, name: str | None = None, limit: int = 100
+    ) -> builtins.list[BackfillRow]:
+        """The backfill ledger: one :class:`BackfillRow` per ``backfill()`` pass
+        (``name, job_id, pages, items, cursor, started_at, finished_at``), newest
+        first; of backfill ``name`` only, when given; at most ``limit`` (1 to
+        1,000). ``X_NOT_IMPLEMENTED`` on a driver that keeps no ledger."""
+        self._fleet_wide("backfills()")
+        from ._backfill import read_ledger
+
+        return await read_ledger(self, name=name, limit=limit)
 
 
 @contextlib.asynccontextmanager

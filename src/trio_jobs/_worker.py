@@ -1177,20 +1177,7 @@ class Worker:
                     claimed, "ack", lambda: self.driver.ack(claimed.id, ack), held, scope=scope
                 )
         except trio.Cancelled:
-            # The worker's own scope is going away: a drain with no budget.
-            held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
-            with _bounded_shield():
-                if not state.lost and not acking:
-                    await self._nack(
-                        held,
-                        NackOptions(
-                            fence=state.claimed.fence,
-                            state="ready",
-                            counted=False,
-                            progress=state.progress,
-                        ),
-                    )
-                    self._count("drained", held, ErrorCode.X_DRAINING)
+            await self._cancelled_under(held, state, hand_back=not acking)
             raise
         if not acking:
             return None  # the scope was cancelled under the body: its verdict is slower
@@ -1211,22 +1198,27 @@ class Worker:
                 state.signal._attach(scope, deadline)
                 result, exc, handback = await self._body(held, state, fn)
         except trio.Cancelled:
-            # The worker's own scope is going away: a drain with no budget.
-            held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
-            with _bounded_shield():
-                if not state.lost:
-                    await self._nack(
-                        held,
-                        NackOptions(
-                            fence=state.claimed.fence,
-                            state="ready",
-                            counted=False,
-                            progress=state.progress,
-                        ),
-                    )
-                    self._count("drained", held, ErrorCode.X_DRAINING)
+            await self._cancelled_under(held, state, hand_back=True)
             raise
         return result, exc, handback
+
+    async def _cancelled_under(self, held: Attempt, state: RunState, *, hand_back: bool) -> None:
+        """The worker's own scope is going away under a run: a drain with no
+        budget. The run is handed back uncounted (unless its lease is gone, or
+        ``hand_back`` is false: its ack was already on its way)."""
+        held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
+        with _bounded_shield():
+            if hand_back and not state.lost:
+                await self._nack(
+                    held,
+                    NackOptions(
+                        fence=state.claimed.fence,
+                        state="ready",
+                        counted=False,
+                        progress=state.progress,
+                    ),
+                )
+                self._count("drained", held, ErrorCode.X_DRAINING)
 
     async def _body(
         self, held: Attempt, state: RunState, fn: Callable[[], Any]

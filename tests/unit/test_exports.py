@@ -44,6 +44,7 @@ SRC = Path(trio_jobs.__file__).resolve().parent
 #: ``trio_jobs.drivers``.
 TOP_LEVEL = [
     "Actor",
+    "BackfillRow",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
@@ -70,6 +71,7 @@ TOP_LEVEL = [
     "WorkerObserver",
     "WorkerStats",
     "acting_as",
+    "backfill",
     "cross_tenant",
     "current_jobs",
     "job",
@@ -89,6 +91,9 @@ TOP_LEVEL = [
 DRIVERS = [
     "ALL_STATES",
     "AckOptions",
+    "BackfillLedger",
+    "BackfillPage",
+    "BackfillRow",
     "BulkFilter",
     "BulkResult",
     "ClaimOptions",
@@ -114,6 +119,7 @@ DRIVERS = [
     "LeaseGrant",
     "LeaseStore",
     "ListFilter",
+    "MAX_BACKFILL_ROWS",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",

@@ -20,6 +20,7 @@ from typing import Any
 import click
 import orjson
 
+from ._backfills import backfills_command
 from ._common import (
     EXIT_ABANDONED,
     EXIT_REFUSED,
@@ -348,3 +349,6 @@ def _supervise(opts: Any, as_json: bool) -> None:
 # resume, stats, workers, counters (src/trio_jobs/cli/_operate.py).
 for _command in OPERATOR_COMMANDS:
     main.add_command(_command)
+
+# backfills (src/trio_jobs/cli/_backfills.py).
+main.add_command(backfills_command)

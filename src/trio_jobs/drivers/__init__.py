@@ -9,6 +9,7 @@ the constants every driver honours. ``trio_jobs.testing.conformance`` holds a
 driver to the protocol.
 """
 
+from ._backfills import MAX_BACKFILL_ROWS, BackfillLedger, BackfillPage, BackfillRow
 from ._protocol import (
     ALL_STATES,
     ENQUEUE_CHUNK,
@@ -63,6 +64,7 @@ __all__ = [
     "ALL_STATES",
     "ENQUEUE_CHUNK",
     "LIVE_STATES",
+    "MAX_BACKFILL_ROWS",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
@@ -70,6 +72,9 @@ __all__ = [
     "TERMINAL_STATES",
     "UNWIND_MARGIN",
     "AckOptions",
+    "BackfillLedger",
+    "BackfillPage",
+    "BackfillRow",
     "BulkFilter",
     "BulkResult",
     "ClaimOptions",

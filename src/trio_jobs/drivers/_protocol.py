@@ -22,6 +22,8 @@ from ..errors import ErrorCode, JobsError
 if TYPE_CHECKING:
     import trio
 
+    from ._backfills import BackfillLedger
+
 __all__ = [
     "AckOptions",
     "BulkAction",
@@ -803,7 +805,7 @@ class JobIntrospection(Protocol):
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
     are ``None`` when the driver lacks them: ``leases``, ``rate_limits``,
-    ``introspect``, ``wake``.
+    ``introspect``, ``wake``, ``backfills``.
     Declared capabilities are plain attributes every driver provides (the worker
     reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
     ``LeaseStore.wakes_waiters``, ``RateLimitStore.shared`` and ``WakeSource.live``."""
@@ -843,6 +845,12 @@ class JobDriver(Protocol):
 
     @property
     def wake(self) -> WakeSource | None: ...
+
+    @property
+    def backfills(self) -> BackfillLedger | None:
+        """The backfill ledger (``drivers/_backfills.py``), or ``None``: a
+        ``backfill()`` pass then runs with no bookkeeping."""
+        ...
 
     def transaction(self) -> AbstractAsyncContextManager[DriverTransaction]:
         """A transaction that enqueues and publishes join; it commits on a clean exit."""

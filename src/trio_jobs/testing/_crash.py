@@ -44,7 +44,10 @@ class _Dead:
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
-        if name in ("steps", "events", "leases", "introspect", "wake") and value is not None:
+        if (
+            name in ("steps", "events", "leases", "introspect", "wake", "backfills")
+            and value is not None
+        ):
             return _Dead(value, self._switch)
         if name == "transaction":
             return self._transaction

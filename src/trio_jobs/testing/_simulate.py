@@ -488,6 +488,7 @@ class _SimDriver:
         self.leases = _Sub(self, "leases", self._d.leases)
         self.rate_limits = _Sub(self, "rate_limits", self._d.rate_limits)
         self.introspect = _Sub(self, "introspect", self._d.introspect)
+        self.backfills = _Sub(self, "backfills", self._d.backfills)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
         #: Never closed under the simulation: a crashed worker raises ``Killed``.

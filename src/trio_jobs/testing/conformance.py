@@ -54,6 +54,7 @@ from ..drivers._protocol import (
     WorkerInfo,
 )
 from ..errors import ErrorCode, JobsError
+from ._conformance_backfills import BackfillConformance
 from ._conformance_rate import RateLimitConformance
 
 __all__ = ["DriverConformance", "ManualClock", "Target", "request"]
@@ -153,7 +154,7 @@ def _busy(job: Any, key: str) -> NackOptions:
     return NackOptions(fence=job.fence, state="ready", counted=False, delay=VT * 10, busy_key=key)
 
 
-class DriverConformance(RateLimitConformance):
+class DriverConformance(BackfillConformance, RateLimitConformance):
     """Every rule of the driver protocol. Subclass it and provide ``target``."""
 
     # ------------------------------------------------------------------ capabilities

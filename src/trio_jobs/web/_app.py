@@ -60,6 +60,7 @@ NAV = (
     ("jobs", "/jobs", "Jobs"),
     ("dead", "/dead", "Dead letters"),
     ("workers", "/workers", "Workers"),
+    ("backfills", "/backfills", "Backfills"),
 )
 
 _DONE_TEXT = {
@@ -149,6 +150,7 @@ class Dashboard:
             Route("/jobs", self._wrap(_pages.job_list), methods=get),
             Route("/dead", self._wrap(_pages.dead_letters), methods=get),
             Route("/workers", self._wrap(_pages.worker_list), methods=get),
+            Route("/backfills", self._wrap(_pages.backfill_list), methods=get),
             Route("/metrics", self.metrics, methods=get),
             Route("/queues/pause", self._wrap(_actions.pause), methods=post),
             Route("/queues/resume", self._wrap(_actions.resume), methods=post),
@@ -349,7 +351,7 @@ def create_app(
     works: links follow the mount's ``root_path``).
 
     Pages: ``/`` (queues, throughput, workers, newest dead letters), ``/jobs``
-    (filters and keyset paging), ``/dead``, ``/workers``, ``/<job id>`` (the
+    (filters and keyset paging), ``/dead``, ``/workers``, ``/backfills``, ``/<job id>`` (the
     attempt history, the step timeline, error, progress and actions), and
     ``/metrics`` (Prometheus).
 

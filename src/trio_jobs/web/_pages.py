@@ -235,6 +235,15 @@ async def worker_list(d: Dashboard, ctx: Req) -> Response:
     return d.render(ctx, "workers.html", active="workers", now=d.now(), workers=workers)
 
 
+async def backfill_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /backfills``: the backfill ledger, one row per pass, newest first."""
+    try:
+        passes = await d.jobs.backfills()
+    except JobsError as exc:
+        return d.error_page(ctx, exc, active="backfills")
+    return d.render(ctx, "backfills.html", active="backfills", now=d.now(), passes=passes)
+
+
 async def job_page(d: Dashboard, ctx: Req) -> Response:
     """``GET /{id}``: one job, its step timeline, error, progress and actions."""
     job_id = str(ctx.request.path_params["job_id"])

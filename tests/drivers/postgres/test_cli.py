@@ -22,8 +22,8 @@ def test_migrate_is_idempotent(pg_dsn: str, pg_schema: str) -> None:
     runner = CliRunner()
     first = runner.invoke(main, ["migrate", "--json", "--database-url", url])
     assert first.exit_code == 0, first.output
-    shipped = [v for v, _n, _s in migrations()]
-    assert orjson.loads(first.output)["applied"] == shipped
+    known = [v for v, _n, _s in migrations()]
+    assert orjson.loads(first.output)["applied"] == known
     again = runner.invoke(main, ["migrate", "--database-url", url, "--json"])
     assert again.exit_code == 0
     assert orjson.loads(again.output) == {
@@ -33,7 +33,7 @@ def test_migrate_is_idempotent(pg_dsn: str, pg_schema: str) -> None:
         "database": "--database-url",
     }
     versions = sql(pg_dsn, pg_schema, "SELECT version FROM trio_jobs_migrations ORDER BY 1")
-    assert [v for (v,) in versions] == shipped
+    assert [v for (v,) in versions] == known
 
 
 def test_dev_runs_the_example_to_completion_and_prints_the_result(

@@ -72,12 +72,12 @@ async def test_replaying_the_migrations_gives_the_shipped_schema(
 
 
 async def test_migrate_is_idempotent_and_records_versions(pg_dsn: str, pg_schema: str) -> None:
-    shipped = [v for v, _n, _s in migrations()]
-    assert shipped[-1] == SCHEMA_VERSION
-    assert await migrate(pg_dsn, schema=pg_schema) == shipped
+    versions = [v for v, _n, _s in migrations()]
+    assert versions[-1] == SCHEMA_VERSION
+    assert await migrate(pg_dsn, schema=pg_schema) == versions
     assert await migrate(pg_dsn, schema=pg_schema) == []
     rows = sql(pg_dsn, pg_schema, "SELECT version, name FROM trio_jobs_migrations ORDER BY 1")
-    assert [r[0] for r in rows] == shipped
+    assert [r[0] for r in rows] == versions
     assert rows[0][1] == "0001_initial.sql"
 
 
@@ -90,8 +90,8 @@ async def test_racing_migrators_apply_each_version_once(pg_dsn: str, pg_schema: 
     async with trio.open_nursery() as nursery:
         for _ in range(4):
             nursery.start_soon(one)
-    shipped = tuple(v for v, _n, _s in migrations())
-    assert sorted(map(tuple, applied)) == [(), (), (), shipped]
+    versions = tuple(v for v, _n, _s in migrations())
+    assert sorted(map(tuple, applied)) == [(), (), (), versions]
 
 
 async def test_migrate_false_refuses_an_out_of_date_schema(pg_dsn: str, pg_schema: str) -> None:

@@ -61,6 +61,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._resolve import check_bulk_action, resolved_prefix
+from ._backfills import MemoryBackfills
 from ._rate import MemoryRateLimits
 
 __all__ = ["MemoryDriver", "memory_driver"]
@@ -230,6 +231,7 @@ class MemoryDriver:
         self.rate_limits: MemoryRateLimits | None = MemoryRateLimits(self)
         self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
         self.wake: _Wake | None = self._wake
+        self.backfills: MemoryBackfills | None = MemoryBackfills(self.now, self._check_open)
         self.opened = False
         self.closed = False
 
@@ -1230,6 +1232,6 @@ def memory_driver(*, clock: Clock | None = None) -> MemoryDriver:
 
     Without a ``clock`` it follows Trio's clock, so under ``autojump_clock`` due
     times, backoffs and lease expiry move with virtual time. It implements
-    ``leases`` and ``introspect``: its process is its whole fleet.
+    ``leases``, ``introspect`` and ``backfills``: its process is its whole fleet.
     """
     return MemoryDriver(clock=clock)

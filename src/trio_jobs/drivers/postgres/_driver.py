@@ -30,6 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..._serialization import dumps
 from ..._time import Clock, SystemClock
 from ...errors import ErrorCode, JobsError
+from .._attempt_log import attempt_records
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
     CANCELLED_LINE,
@@ -72,6 +73,7 @@ from .._protocol import (
 )
 from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
+from ._backfills import PgBackfills
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
 from ._sql import query
@@ -145,31 +147,6 @@ def _progress(value: Any) -> Progress | None:
     return Progress(float(value["done"]), float(value["total"]), value.get("note"))
 
 
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def attempt_records(value: Any) -> list[AttemptRecord]:
-    """An attempt log as stored (a JSON array of objects, or NULL) → records."""
-    if not isinstance(value, Sequence):
-        return []
-    return [
-        AttemptRecord(
-            attempt=int(e["attempt"]),
-            worker_id=str(e["worker_id"]),
-            started_at=float(e["started_at"]),
-            ended_at=_float_or_none(e.get("ended_at")),
-            outcome=e.get("outcome"),
-            error_code=e.get("error_code"),
-            error=e.get("error"),
-            step=e.get("step"),
-            step_started_at=_float_or_none(e.get("step_started_at")),
-        )
-        for e in value
-        if isinstance(e, Mapping)
-    ]
-
-
 def conninfo_with_schema(dsn: str, schema: str | None) -> str:
     """``dsn`` with ``search_path`` set to ``schema`` (unchanged for ``None``)."""
     if schema is None:
@@ -235,6 +212,7 @@ class PostgresDriver:
         self.leases: _PgLeases | None = _PgLeases(self)
         self.rate_limits: RateLimitStore | None = _PgRateLimits(self)
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
+        self.backfills: PgBackfills | None = PgBackfills(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
             conninfo=lambda: self._conninfo,
@@ -637,19 +615,25 @@ class PostgresDriver:
             del self._unsure[next(iter(self._unsure))]
 
     async def _flush_acks(self, batch: builtins.list[tuple[str, AckOptions, bool]]) -> set[int]:
-        rows = [
-            _present(
-                ord=i,
-                id=job_id,
-                worker_id=o.fence.worker_id,
-                claim=o.fence.claim,
-                result=_json_or_none(o.result),
-                progress=_progress_json(o.progress),
-                duration=o.duration,
-                again=again or None,
-            )
-            for i, (job_id, o, again) in enumerate(batch, start=1)
-        ]
+        rows: builtins.list[dict[str, Any]] = []
+        for i, (job_id, o, again) in enumerate(batch, start=1):
+            # Only the keys that carry a value (an absent key reads as NULL):
+            # built directly, one dict a row, on the hot path of every ack.
+            row: dict[str, Any] = {
+                "ord": i,
+                "id": job_id,
+                "worker_id": o.fence.worker_id,
+                "claim": o.fence.claim,
+            }
+            if o.result is not None:
+                row["result"] = _json(o.result)
+            if o.progress is not None:
+                row["progress"] = _progress_json(o.progress)
+            if o.duration is not None:
+                row["duration"] = o.duration
+            if again:
+                row["again"] = True
+            rows.append(row)
         found = await self._fetch("ack_many", {"rows": _json(rows)})
         # A released slot made the first run waiting on its key due: wake this
         # process's idle workers on that queue (the others find it at their poll).

@@ -29,6 +29,7 @@ from ..._serialization import dumps, loads
 from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from ...logging import emit
+from .._attempt_log import attempt_records
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -55,6 +56,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._service import ServiceTasks
+from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
 from ._wake import RedisWake
 
@@ -192,10 +194,6 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     return records
 
 
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None or value == "" else float(value)
-
-
 def _attempts_from(raw: Any) -> list[AttemptRecord]:
     """The row's ``al`` field (a JSON array; times as strings) → records."""
     if not raw:
@@ -203,21 +201,7 @@ def _attempts_from(raw: Any) -> list[AttemptRecord]:
     data = loads(_s(raw))
     if not isinstance(data, list):  # cjson writes an empty table as {}
         return []
-    return [
-        AttemptRecord(
-            attempt=int(e["attempt"]),
-            worker_id=str(e["worker_id"]),
-            started_at=float(e["started_at"]),
-            ended_at=_float_or_none(e.get("ended_at")),
-            outcome=e.get("outcome"),
-            error_code=e.get("error_code"),
-            error=e.get("error"),
-            step=e.get("step"),
-            step_started_at=_float_or_none(e.get("step_started_at")),
-        )
-        for e in data
-        if isinstance(e, dict)
-    ]
+    return attempt_records(data)
 
 
 def unavailable(what: str) -> DriverError:
@@ -293,6 +277,7 @@ class RedisDriver:
         #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
         #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
         self.introspect: None = None
+        self.backfills: RedisBackfills | None = RedisBackfills(self)
         self.wake: RedisWake | None = RedisWake(
             subscribe=self._subscribe,
             send_probe=self._send_probe,

@@ -947,6 +947,59 @@ for _, q in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
 end
 return out
 
+-- name: backfill_record
+-- The backfill ledger (see drivers/_backfills.py): P:bf:<job id>, a hash (name,
+-- pages, items, cursor as JSON, started_at, finished_at), and P:bfs, a sorted
+-- set of job ids by started_at. Write one page of a pass: create its row
+-- (started now), or move it forward. An existing row takes the write only when
+-- `pages` is at least its own; `finished` ('1') stamps finished_at once.
+-- ARGV[A..]: job id, name, pages, items, cursor (JSON), finished ('0' / '1').
+fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'the backfill name'),
+  need_whole(ARGV[A + 2], 'pages', 0), need_whole(ARGV[A + 3], 'items', 0),
+  need(ARGV[A + 4], 'the cursor'),
+  (ARGV[A + 5] ~= '0' and ARGV[A + 5] ~= '1') and "finished must be '0' or '1'" or nil)
+if fault then return refuse('X_INVARIANT', fault) end
+local bk = P .. ':bf:' .. ARGV[A]
+local stored = redis.call('HGET', bk, 'pages')
+if not stored then
+  redis.call('HSET', bk, 'name', ARGV[A + 1], 'pages', ARGV[A + 2], 'items', ARGV[A + 3],
+    'cursor', ARGV[A + 4], 'started_at', fmt(NOW))
+  if ARGV[A + 5] == '1' then redis.call('HSET', bk, 'finished_at', fmt(NOW)) end
+  redis.call('ZADD', P .. ':bfs', fmt(NOW), ARGV[A])
+  return 1
+end
+if tonumber(ARGV[A + 2]) < tonumber(stored) then return 0 end
+redis.call('HSET', bk, 'pages', ARGV[A + 2], 'items', ARGV[A + 3], 'cursor', ARGV[A + 4])
+if ARGV[A + 5] == '1' and redis.call('HEXISTS', bk, 'finished_at') == 0 then
+  redis.call('HSET', bk, 'finished_at', fmt(NOW))
+end
+return 1
+
+-- name: backfill_list
+-- The newest ARGV[A + 1] rows of the ledger (by started_at, then job id,
+-- descending), of backfill ARGV[A] only when it is not ''. Each row:
+-- {job id, name, pages, items, cursor, started_at, finished_at or ''}.
+fault = first(need_str(ARGV[A], 'the backfill name'),
+  need_whole(ARGV[A + 1], 'the limit', 1, 1000))
+if fault then return refuse('X_INVARIANT', fault) end
+local want, limit = ARGV[A], tonumber(ARGV[A + 1])
+local out = {}
+local start = 0
+while #out < limit do
+  local ids = redis.call('ZREVRANGE', P .. ':bfs', start, start + 199)
+  if #ids == 0 then break end
+  for _, id in ipairs(ids) do
+    local h = redis.call('HMGET', P .. ':bf:' .. id,
+      'name', 'pages', 'items', 'cursor', 'started_at', 'finished_at')
+    if h[1] and (want == '' or h[1] == want) then
+      out[#out + 1] = {id, h[1], h[2], h[3], h[4], h[5], h[6] or ''}
+      if #out >= limit then break end
+    end
+  end
+  start = start + 200
+end
+return out
+
 -- name: lease_acquire
 -- Take a free slot of `key` (one not held, or whose holder's lease expired), or
 -- keep the one this fence already holds. Answers {slot or -1, own}. Fenced
