@@ -20,6 +20,7 @@ from typing import Any
 import click
 import orjson
 
+from ._check import check
 from ._common import (
     EXIT_ABANDONED,
     EXIT_REFUSED,
@@ -332,3 +333,6 @@ def _supervise(opts: Any, as_json: bool) -> None:
 # resume, stats, workers, counters (src/trio_jobs/cli/_operate.py).
 for _command in OPERATOR_COMMANDS:
     main.add_command(_command)
+
+# check: the crash-proof CI gate (src/trio_jobs/cli/_check.py).
+main.add_command(check)
