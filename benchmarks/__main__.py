@@ -27,6 +27,7 @@ SUITES: dict[str, str] = {
     "postgres": "benchmarks.postgres",
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
+    "check-gate": "benchmarks.check_gate",
 }
 
 

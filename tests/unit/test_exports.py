@@ -140,14 +140,18 @@ DRIVERS = [
 ]
 
 TESTING = [
+    "CheckFailure",
+    "CheckReport",
     "CrashReport",
     "Faults",
     "Harness",
     "HarnessClock",
+    "JobCheck",
     "SimulationResult",
     "StepTrace",
     "Trace",
     "World",
+    "check_jobs",
     "crash_proof",
     "open_harness",
     "simulate_jobs",

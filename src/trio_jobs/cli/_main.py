@@ -21,6 +21,7 @@ import click
 import orjson
 
 from ._backfills import backfills_command
+from ._check import check
 from ._common import (
     EXIT_ABANDONED,
     EXIT_REFUSED,
@@ -336,3 +337,5 @@ for _command in OPERATOR_COMMANDS:
 
 # backfills (src/trio_jobs/cli/_backfills.py).
 main.add_command(backfills_command)
+# check: the crash-proof CI gate (src/trio_jobs/cli/_check.py).
+main.add_command(check)
