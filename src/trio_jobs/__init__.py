@@ -21,6 +21,7 @@ from ._facade import (
 from ._observe import WorkerObserver
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
+from ._task import Occurrence, TaskView, next_fire, task
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -51,6 +52,7 @@ __all__ = [
     "JobView",
     "Jobs",
     "JobsError",
+    "Occurrence",
     "Outcome",
     "PurgeResult",
     "Retention",
@@ -59,6 +61,7 @@ __all__ = [
     "Signal",
     "StepView",
     "Steps",
+    "TaskView",
     "Transaction",
     "Worker",
     "WorkerObserver",
@@ -68,6 +71,7 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "next_fire",
     "open_jobs",
     "postgres_driver",
     "publish_event",
@@ -76,4 +80,5 @@ __all__ = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "task",
 ]

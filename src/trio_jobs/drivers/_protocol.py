@@ -22,6 +22,8 @@ from ..errors import ErrorCode, JobsError
 if TYPE_CHECKING:
     import trio
 
+    from ._tasks import TaskStore
+
 __all__ = [
     "AckOptions",
     "BulkAction",
@@ -763,7 +765,8 @@ class JobIntrospection(Protocol):
 @runtime_checkable
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
-    are ``None`` when the driver lacks them: ``leases``, ``introspect``, ``wake``.
+    are ``None`` when the driver lacks them: ``leases``, ``introspect``, ``wake``,
+    ``tasks``.
     Declared capabilities are plain attributes every driver provides (the worker
     reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
     ``LeaseStore.wakes_waiters`` and ``WakeSource.live``."""
@@ -800,6 +803,12 @@ class JobDriver(Protocol):
 
     @property
     def wake(self) -> WakeSource | None: ...
+
+    @property
+    def tasks(self) -> TaskStore | None:
+        """The scheduled tasks' store (watermarks, leases, pauses); ``None``: the
+        driver runs no scheduler."""
+        ...
 
     def transaction(self) -> AbstractAsyncContextManager[DriverTransaction]:
         """A transaction that enqueues and publishes join; it commits on a clean exit."""

@@ -478,6 +478,7 @@ class _SimDriver:
         self.events = _Sub(self, "events", self._d.events)
         self.leases = _Sub(self, "leases", self._d.leases)
         self.introspect = _Sub(self, "introspect", self._d.introspect)
+        self.tasks = _Sub(self, "tasks", self._d.tasks)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
         #: Never closed under the simulation: a crashed worker raises ``Killed``.

@@ -61,6 +61,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._resolve import check_bulk_action, resolved_prefix
+from ._tasks import MemoryTasks
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -228,6 +229,7 @@ class MemoryDriver:
         self.leases: _MemoryLeases | None = _MemoryLeases(self)
         self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
         self.wake: _Wake | None = self._wake
+        self.tasks: MemoryTasks | None = MemoryTasks(self)
         self.opened = False
         self.closed = False
 
