@@ -38,7 +38,11 @@ def _fired(pg_dsn: str, schema: str) -> list[str]:
 
 
 def test_sigkill_of_the_leader_fails_over_within_one_ttl_and_fires_each_occurrence_once(
-    procs: Procs, dsn: str, pg_dsn: str, pg_schema: str, tmp_path: Path
+    procs: Procs,  # noqa: F811
+    dsn: str,  # noqa: F811
+    pg_dsn: str,
+    pg_schema: str,
+    tmp_path: Path,
 ) -> None:
     def worker() -> Any:
         proc = procs.spawn(

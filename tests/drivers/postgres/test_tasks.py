@@ -45,8 +45,10 @@ async def test_each_occurrence_fires_once_and_the_operator_reads_the_store(
     instants = [datetime.fromisoformat(k.split(":", 2)[2].replace("Z", "+00:00")) for k in keys]
     assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(instants))
     assert len(paused.rows) == len(page.rows), "a paused task fires nothing"
-    assert view.paused and view.next_fire is None
-    assert view.schedule == "every:1" and view.tz == "UTC"
+    assert view.paused
+    assert view.next_fire is None
+    assert view.schedule == "every:1"
+    assert view.tz == "UTC"
     assert view.last_fire is not None
     assert view.last_fire.astimezone(UTC) == instants[-1]
 
