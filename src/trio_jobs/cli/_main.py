@@ -35,6 +35,7 @@ from ._common import (
     run,
 )
 from ._operate import OPERATOR_COMMANDS
+from ._tasks import TASK_COMMANDS
 from ._usage import JobsGroup
 
 __all__ = ["main"]
@@ -331,4 +332,7 @@ def _supervise(opts: Any, as_json: bool) -> None:
 # list, show, retry, cancel, resolve-step, promote, remove, requeue, pause,
 # resume, stats, workers, counters (src/trio_jobs/cli/_operate.py).
 for _command in OPERATOR_COMMANDS:
+    main.add_command(_command)
+# tasks, pause-task, resume-task (src/trio_jobs/cli/_tasks.py).
+for _command in TASK_COMMANDS:
     main.add_command(_command)
