@@ -54,6 +54,10 @@ RENEW_EVERY = 10.0
 RETRY_FIRST = 1.0
 #: The budget of the shielded release of the leases when a scheduler stops.
 RELEASE_BUDGET = 5.0
+#: The least time between two attempts to take over a lapsed lease.
+TAKEOVER_SPACING = 1.0
+#: After a fire that did not land, the pause before the store is read again.
+MISSED_FIRE_PAUSE = 0.1
 
 
 def spec_of(handle: Task) -> TaskSpec:
@@ -126,6 +130,9 @@ class Scheduler:
         self._states = {h.name: _State(h) for h in handles}
         self._specs = [spec_of(h) for h in handles]
         self._next_lead = -math.inf
+        self._last_lead = -math.inf
+        #: After a failed store call, nothing is tried before this (Trio clock).
+        self._hold_until = -math.inf
         self._failures = 0
 
     @property
@@ -142,13 +149,15 @@ class Scheduler:
             return
         try:
             while True:
-                try:
-                    if trio.current_time() >= self._next_lead:
-                        await self.lead()
-                    await self.fire()
-                    self._failures = 0
-                except JobsError as exc:
-                    self._failed(exc)
+                now_t = trio.current_time()
+                if now_t >= self._hold_until:
+                    try:
+                        if now_t >= self._next_lead or self._takeover_due(now_t):
+                            await self.lead()
+                        await self.fire()
+                        self._failures = 0
+                    except JobsError as exc:
+                        self._failed(exc)
                 await trio.sleep_until(self._next_wake())
         finally:
             await self._release()
@@ -157,7 +166,19 @@ class Scheduler:
         emit(log, logging.WARNING, "jobs.task.store-failed", code=exc.code, leader=self.leader)
         self._failures += 1
         wait = min(self.renew, RETRY_FIRST * 2 ** (self._failures - 1))
-        self._next_lead = min(self._next_lead, trio.current_time() + wait)
+        self._hold_until = trio.current_time() + wait
+        self._next_lead = min(self._next_lead, self._hold_until)
+
+    def _takeover_due(self, now_t: float) -> bool:
+        """Whether a lease another process holds has lapsed by now (tried at most
+        once a second: a clock ahead of the store's sees it lapse early)."""
+        if now_t < self._last_lead + TAKEOVER_SPACING:
+            return False
+        now = self.jobs.driver.now()
+        return any(
+            not st.led and st.other_until is not None and st.other_until <= now
+            for st in self._states.values()
+        )
 
     async def lead(self) -> None:
         """Take or renew every task's lease (one round trip)."""
@@ -165,6 +186,7 @@ class Scheduler:
         assert store is not None
         started = trio.current_time()
         self._next_lead = started + self.renew
+        self._last_lead = started
         leads = await store.lead(self.leader, self._specs, self.ttl)
         for lead in leads:
             self._took(lead, started)
@@ -216,8 +238,10 @@ class Scheduler:
                         leader=self.leader,
                     )
             else:
-                # Paused, or the lease or the watermark moved: read the store again.
-                self._next_lead = trio.current_time()
+                # Paused, or the lease or the watermark moved: read the store again
+                # (after a beat, so a store that keeps refusing is not hammered).
+                self._hold_until = trio.current_time() + MISSED_FIRE_PAUSE
+                self._next_lead = self._hold_until
 
     async def _send(self, fires: list[TaskFire]) -> list[str]:
         """The fire: the rows and the watermarks in one call."""
@@ -234,10 +258,11 @@ class Scheduler:
         for st in self._firing():
             at = st.handle.schedule.next_after(st.watermark)
             wake = min(wake, now_t + max(0.0, at - now))
+        takeover = self._last_lead + TAKEOVER_SPACING
         for st in self._states.values():
             if not st.led and st.other_until is not None:
-                wake = min(wake, now_t + max(0.0, st.other_until - now) + 0.001)
-        return wake
+                wake = min(wake, max(takeover, now_t + max(0.0, st.other_until - now) + 0.001))
+        return max(wake, self._hold_until)
 
     async def _release(self) -> None:
         names = self.led()
