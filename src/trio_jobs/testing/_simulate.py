@@ -33,6 +33,7 @@ import trio
 from .. import _ambient
 from .._attempt import LEGAL, Attempt, Phase
 from .._declare import Job
+from .._task import tasks_of
 from .._facade import Jobs, open_jobs
 from .._time import UuidSource
 from .._worker import Worker
@@ -1039,9 +1040,7 @@ async def _simulate(
         nursery.start_soon(later)
 
     inner: list[trio.CancelScope] = []
-    poll = arbiter.poll = _QuietPoll(
-        sim.driver, max_time, forever=any(j.kind == "task" for j in jobs)
-    )
+    poll = arbiter.poll = _QuietPoll(sim.driver, max_time, forever=bool(tasks_of(jobs)))
 
     stopped = arbiter.stopped
 
