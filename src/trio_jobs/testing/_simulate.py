@@ -33,8 +33,8 @@ import trio
 from .. import _ambient
 from .._attempt import LEGAL, Attempt, Phase
 from .._declare import Job
-from .._task import tasks_of
 from .._facade import Jobs, open_jobs
+from .._task import tasks_of
 from .._time import UuidSource
 from .._worker import Worker
 from ..drivers._protocol import (
