@@ -177,15 +177,19 @@ def decide(
     ``latest`` fires the most recent one; ``all`` each, at most the newest 1,000;
     ``none`` those at most 60 s late. Every occurrence up to the newest due one
     is decided either way: the watermark moves to it."""
-    newest, more = schedule.newest(watermark, now, MAX_CATCH_UP)
-    if not newest:
+    if catch_up == "all":
+        newest, more = schedule.newest(watermark, now, MAX_CATCH_UP)
+        return newest, (newest[-1] if newest else None), more
+    latest, _more = schedule.newest(watermark, now, 1)
+    if not latest:
         return [], None, False
-    through = newest[-1]
+    through = latest[0]
     if catch_up == "latest":
         return [through], through, False
-    if catch_up == "none":
-        return [at for at in newest if now - at <= NONE_LATENESS], through, False
-    return newest, through, more
+    # "none": only the occurrences of the last minute can fire (one past it is
+    # looked at too, and left out by the comparison: `<=` keeps exactly 60 s).
+    recent, _more = schedule.newest(max(watermark, now - NONE_LATENESS - 1), now, MAX_CATCH_UP)
+    return [at for at in recent if now - at <= NONE_LATENESS], through, False
 
 
 def next_fire(handle: Job[Any, Any], after: datetime) -> datetime:

@@ -228,3 +228,32 @@ class TestCatchUp:
         assert decide(hourly, "none", 0.0, 3661.0) == ([], 3600.0, False), "a skip, decided"
         every10 = Schedule("every:10", "UTC", ZoneInfo("UTC"), every=10)
         assert decide(every10, "none", 0.0, 100.0)[0] == [40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.sampled_from(
+        ["every:1", "every:7", "every:60", "*/5 * * * *", "30 2 * * *", "* * * * *"]
+    ),
+    watermark=st.floats(min_value=1.7e9, max_value=1.8e9, allow_nan=False),
+    span=st.floats(min_value=0, max_value=20_000, allow_nan=False),
+)
+def test_latest_and_none_agree_with_the_full_list(text: str, watermark: float, span: float) -> None:
+    """The rules read off every occurrence that fell due (a reference: all of
+    them, oldest first), whatever shortcut each takes."""
+    zone = ZoneInfo("Europe/Paris")
+    schedule = (
+        Schedule(text, "Europe/Paris", zone, every=int(text[6:]))
+        if text.startswith("every:")
+        else Schedule(text, "Europe/Paris", zone, cron=text)
+    )
+    now = watermark + span
+    every, _more = schedule.newest(watermark, now, 100_000)
+    through = every[-1] if every else None
+    assert decide(schedule, "latest", watermark, now) == (every[-1:], through, False)
+    late = [at for at in every if now - at <= 60.0]
+    assert decide(schedule, "none", watermark, now) == (late, through, False)
+    fired, moved, capped = decide(schedule, "all", watermark, now)
+    assert fired == every[-1000:]
+    assert moved == through
+    assert capped == (len(every) > 1000)
