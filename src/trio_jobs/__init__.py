@@ -22,6 +22,7 @@ from ._facade import (
 from ._observe import WorkerObserver
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
+from ._task import Occurrence, TaskView, next_fire, task
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -54,6 +55,7 @@ __all__ = [
     "JobView",
     "Jobs",
     "JobsError",
+    "Occurrence",
     "Outcome",
     "PurgeResult",
     "Retention",
@@ -62,6 +64,7 @@ __all__ = [
     "Signal",
     "StepView",
     "Steps",
+    "TaskView",
     "Transaction",
     "Worker",
     "WorkerObserver",
@@ -72,6 +75,7 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "next_fire",
     "open_jobs",
     "postgres_driver",
     "publish_event",
@@ -80,4 +84,5 @@ __all__ = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "task",
 ]

@@ -32,6 +32,7 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cancelled-body-writes": ("drain-under-load", tuple(range(1, 13))),
     "event-before-wait": ("events", (1, 2, 3)),
     "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
+    "watermark-apart": ("scheduled-tasks", (1, 2, 3)),
 }
 
 #: The kind of violation each bug is caught by (a phrase of the checker's message).
@@ -46,6 +47,7 @@ VIOLATIONS: dict[str, str] = {
     "cancelled-body-writes": "after its worker w0.0 aborted it (drain)",
     "event-before-wait": "the first payment since",
     "waiter-not-woken": "runs wait on keys nothing holds or takes",
+    "watermark-apart": "occurrences fired twice",
 }
 
 
@@ -143,6 +145,7 @@ def test_no_product_module_reads_a_planted_switch() -> None:
 def _replaceable() -> dict[str, object]:
     from trio_jobs import _unwind
     from trio_jobs._context import RunState, Steps
+    from trio_jobs._scheduler import Scheduler
     from trio_jobs._worker import Worker
     from trio_jobs.drivers.memory import _driver as memory
 
@@ -154,6 +157,7 @@ def _replaceable() -> dict[str, object]:
         ("memory", memory, ("_key",)),
         ("MemoryDriver", memory.MemoryDriver, ("_owned", "_release_leases", "_wake_waiter")),
         ("_MemoryEvents", memory._MemoryEvents, ("poll",)),
+        ("Scheduler", Scheduler, ("_send",)),
     ]
     return {
         f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names

@@ -57,6 +57,7 @@ TOP_LEVEL = [
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
+    "Occurrence",
     "Outcome",
     "PurgeResult",
     "Retention",
@@ -65,6 +66,7 @@ TOP_LEVEL = [
     "Signal",
     "StepView",
     "Steps",
+    "TaskView",
     "Transaction",
     "Worker",
     "WorkerObserver",
@@ -75,6 +77,7 @@ TOP_LEVEL = [
     "current_jobs",
     "job",
     "memory_driver",
+    "next_fire",
     "open_jobs",
     "postgres_driver",
     "publish_event",
@@ -83,6 +86,7 @@ TOP_LEVEL = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "task",
 ]
 
 #: The driver seam: the protocol, the records crossing it, its bounds, the drivers.
@@ -131,6 +135,11 @@ DRIVERS = [
     "StepStore",
     "StepView",
     "TERMINAL_STATES",
+    "TaskFire",
+    "TaskLead",
+    "TaskRow",
+    "TaskSpec",
+    "TaskStore",
     "UNWIND_MARGIN",
     "WakeSource",
     "WorkerInfo",

@@ -75,6 +75,7 @@ from ._backfills import PgBackfills
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
 from ._sql import query
+from ._tasks import PgTasks
 from ._wake import PgWake
 
 __all__ = ["PostgresDriver"]
@@ -210,6 +211,7 @@ class PostgresDriver:
         self.leases: _PgLeases | None = _PgLeases(self)
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
         self.backfills: PgBackfills | None = PgBackfills(self)
+        self.tasks: PgTasks | None = PgTasks(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
             conninfo=lambda: self._conninfo,
