@@ -28,6 +28,7 @@ SUITES: dict[str, str] = {
     "rate": "benchmarks.rate",
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
+    "check-gate": "benchmarks.check_gate",
 }
 
 

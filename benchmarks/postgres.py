@@ -35,6 +35,9 @@ Parts (``--only``), issue 3 item 10:
     Statements an idle trio-jobs worker issues, counted at the driver's bridge
     (every statement and every BEGIN/COMMIT), over a shortened window scaled to
     a minute (pg_stat_statements is not preloaded on the benchmark server).
+``idle_tasks``
+    The same, for an idle worker serving 50 scheduled tasks (none due in the
+    window): its scheduler leads them, renewing their leases in one statement.
 
 procrastinate and graphile-worker are installed by this script only, under
 ``benchmarks/.work/`` (a venv, an npm prefix): never dependencies of trio-jobs.
@@ -66,7 +69,7 @@ import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from trio_jobs import JobContext, Worker, job, open_jobs
+from trio_jobs import JobContext, Occurrence, Worker, job, open_jobs, task
 from trio_jobs.drivers.postgres import postgres_driver
 
 __all__ = ["main"]
@@ -113,7 +116,18 @@ PROCESSES = 2
 PROC_TJ_CONCURRENCY = 1024
 PROC_GW_CONCURRENCY = 64
 
-PARTS = ("throughput", "processes", "steps", "enqueue", "enqueue_many", "pickup", "idle")
+PARTS = (
+    "throughput",
+    "processes",
+    "steps",
+    "enqueue",
+    "enqueue_many",
+    "pickup",
+    "idle",
+    "idle_tasks",
+)
+#: The scheduled tasks ``idle_tasks`` serves: none falls due in its window.
+IDLE_TASKS = 50
 
 
 # --------------------------------------------------------------------------- the jobs
@@ -588,8 +602,17 @@ class _StatementCounter:
             bridge.TrioConnection.execute = conn_execute
 
 
+def _idle_tasks(n: int) -> list[Any]:
+    """``n`` tasks due at noon on the first of January, UTC: idle in any window."""
+
+    async def body(ctx: JobContext[Occurrence]) -> None:
+        return None
+
+    return [task(cron=f"{i % 60} 12 1 1 *", name=f"bench.idle.{i}")(body) for i in range(n)]
+
+
 async def _tj_idle_once(
-    server: Server, dbname: str, schema: str, warmup: float, window: float
+    server: Server, dbname: str, schema: str, warmup: float, window: float, tasks: int = 0
 ) -> tuple[float, dict[str, float]]:
     """Answers the statements per minute, and the named queries among them.
 
@@ -600,7 +623,7 @@ async def _tj_idle_once(
     named: dict[str, int] = {}
     with counter.installed():
         driver = postgres_driver(server.dsn_for(dbname), schema=schema)
-        async with open_jobs(driver, jobs=[pg_noop]) as jobs:
+        async with open_jobs(driver, jobs=[pg_noop, *_idle_tasks(tasks)]) as jobs:
             inner_fetch = driver._fetch
 
             async def fetch(name: str, params: Any) -> Any:
@@ -1159,6 +1182,24 @@ class Bench:
             )
         )
 
+    def idle_tasks(self) -> None:
+        with self.server.database("idle") as db, self.server.schema(db, "tj") as schema:
+            statements, named = trio.run(
+                _tj_idle_once, self.server, db, schema, IDLE_WARMUP, IDLE_WINDOW, IDLE_TASKS
+            )
+        window = f"{IDLE_WINDOW:.0f} s window after {IDLE_WARMUP:.0f} s idle, x{60 / IDLE_WINDOW:g}"
+        by_name = ", ".join(f"{k} {v:.0f}" for k, v in named.items()) or "none"
+        self.add(
+            Sample(
+                "trio-jobs",
+                "idle_tasks",
+                f"statements at the bridge, {IDLE_TASKS} tasks, {window}",
+                "/min",
+                [statements],
+                note=by_name,
+            )
+        )
+
 
 # --------------------------------------------------------------------------- the report
 
@@ -1201,6 +1242,7 @@ def report(bench: Bench) -> str:
     gw_many = _pick(s, "graphile-worker", "enqueue_many")
     pickup = _pick(s, "trio-jobs", "pickup")
     idle = _pick(s, "trio-jobs", "idle")
+    idle_tasks = _pick(s, "trio-jobs", "idle_tasks")
 
     enq_ratio = _pick(s, "trio-jobs", "enqueue-ratio")
 
@@ -1263,6 +1305,13 @@ def report(bench: Bench) -> str:
         rows.append(
             f"| statements an idle worker issues | {idle.median:.0f} /min{extra} | — | — | "
             f"≤ 12 /min | — | {_verdict(ok)} |"
+        )
+    if idle_tasks:
+        ok = idle_tasks.median <= 12 + 6
+        extra = f" ({idle_tasks.note})" if idle_tasks.note else ""
+        rows.append(
+            f"| statements an idle worker serving {IDLE_TASKS} tasks issues | "
+            f"{idle_tasks.median:.0f} /min{extra} | — | — | ≤ 12 + 6 /min | — | {_verdict(ok)} |"
         )
     detail = [
         "| system | measure | configuration | median | runs |",

@@ -73,6 +73,9 @@ def json_shapes() -> dict[str, str]:
         '`{"ok": true, "outcome": "drained" | "abandoned", "processes": N, "restarts": N, '
         '"workers": [{"slot", "pid", "exit_code", "signal", "ending", "worker_id", "outcome", '
         '"done", "retried", "dead_lettered", "drained", "abandoned"}, ...]}',
+        "check": '{"ok": bool, "jobs": [{"name", "examples", "boundaries", "seeds", "failures": '
+        '[{"code", "example", "boundary" | "seed", "message", "reproduce"}, ...]}, ...]}` (exit 1 '
+        "when a job failed; a gate that cannot run exits 2 with the refusal body)",
         "VIEW": view,
     }
 

@@ -79,8 +79,14 @@ async def _one(name: str) -> int:
                     fleet="single",  # the scenario's whole fleet, as in the simulation
                 )
                 nursery.start_soon(worker.run)
-            # A look once a virtual second, as the simulation's quiet poll looks.
-            while any(row.state not in TERMINAL for row in driver._rows.values()):  # noqa: ASYNC110
+            # A look once a virtual second, as the simulation's quiet poll looks;
+            # scheduled tasks never settle for good: they run to max_time.
+            forever = any(h.kind == "task" for h in scenario.jobs)
+            while (  # noqa: ASYNC110
+                trio.current_time() < scenario.max_time
+                if forever
+                else any(row.state not in TERMINAL for row in driver._rows.values())
+            ):
                 await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
     return driver.runs

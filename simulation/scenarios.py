@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -13,11 +14,13 @@ from trio_jobs import (
     Concurrency,
     JobContext,
     JobsError,
+    Occurrence,
     Retry,
     current_jobs,
     job,
     publish_event,
     rate_limiter,
+    task,
 )
 from trio_jobs.testing import Faults, SimulationResult, World, simulate_jobs
 
@@ -264,7 +267,44 @@ async def operator(ctx: JobContext[Item]) -> str:
     return str(await ctx.step.run("cancel", cancel))
 
 
+@task(every="10s", catch_up="all", name="sim.every10", retry=Retry(attempts=10, base="1s"))
+async def every10(ctx: JobContext[Occurrence]) -> str:
+    return str(await ctx.step.run("tick", lambda: ctx.input.at.isoformat()))
+
+
+@task(cron="* * * * *", catch_up="all", name="sim.minutely", retry=Retry(attempts=10, base="1s"))
+async def minutely(ctx: JobContext[Occurrence]) -> None:
+    await ctx.step.run("tick", lambda: None)
+
+
+#: How long the tasks scenario runs (virtual seconds), and the end of the window
+#: every occurrence must have fired in: a leader that dies near the end may
+#: leave its last occurrences to an heir that arrives after the simulation
+#: stops (a lease ttl, plus a replacement worker's start).
+TASKS_RUN = 900.0
+TASKS_SETTLE = 120.0
+
+
 # ----------------------------------------------------------------------- invariants
+
+
+def each_occurrence_once(world: World) -> None:
+    """Every occurrence of each task after its arming, up to the window's end,
+    fired exactly once: a run per occurrence, none twice, none skipped."""
+    store = world.driver.tasks
+    assert store is not None
+    for handle in (every10, minutely):
+        state = store._tasks.get(handle.name)
+        assert state is not None, f"{handle.name} was never armed"
+        fired = Counter(
+            handle.parse(v.payload).at.timestamp() for v in world.jobs if v.name == handle.name
+        )
+        twice = sorted(at for at, n in fired.items() if n > 1)
+        assert not twice, f"{handle.name}: occurrences fired twice: {twice}"
+        due, _more = handle.schedule.newest(state.armed_at, world.now - TASKS_SETTLE, 10_000)
+        missed = sorted(set(due) - set(fired))
+        assert not missed, f"{handle.name}: occurrences never fired: {missed}"
+        assert due, f"{handle.name}: no occurrence fell due in the window"
 
 
 def all_settled(world: World) -> None:
@@ -451,6 +491,8 @@ class Scenario:
     workers: int = 3
     check: str = "quiet"
     reset: Callable[[], None] = lambda: None
+    #: Virtual seconds at most (a scenario with scheduled tasks runs all of it).
+    max_time: float = 30 * 86400.0
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -550,6 +592,14 @@ SCENARIOS: dict[str, Scenario] = {
             payments_kept,
             Faults(crash=0.004, lease_loss=0.004, driver_errors=0.01, pause=0.004),
         ),
+        Scenario(
+            "scheduled-tasks",
+            [every10, minutely],
+            list,
+            each_occurrence_once,
+            Faults(crash=0.01, skew=3.0, pause=0.005, driver_errors=0.01),
+            max_time=TASKS_RUN,
+        ),
     ]
 }
 
@@ -565,4 +615,5 @@ async def run_scenario(name: str, seed: int) -> SimulationResult:
         invariant=scenario.invariant,
         faults=scenario.faults,
         check=scenario.check,  # type: ignore[arg-type]
+        max_time=scenario.max_time,
     )

@@ -23,6 +23,7 @@ from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
+from ._task import Occurrence, TaskView, next_fire, task
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -55,6 +56,7 @@ __all__ = [
     "JobView",
     "Jobs",
     "JobsError",
+    "Occurrence",
     "Outcome",
     "PurgeResult",
     "RateLimiter",
@@ -64,6 +66,7 @@ __all__ = [
     "Signal",
     "StepView",
     "Steps",
+    "TaskView",
     "Transaction",
     "Worker",
     "WorkerObserver",
@@ -74,6 +77,7 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "next_fire",
     "open_jobs",
     "postgres_driver",
     "publish_event",
@@ -83,4 +87,5 @@ __all__ = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "task",
 ]

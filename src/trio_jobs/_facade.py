@@ -45,6 +45,7 @@ from .drivers._protocol import (
 from .errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
+    from ._task import TaskView
     from .drivers._backfills import BackfillRow
     from .outbox import OutboxStore
 
@@ -516,6 +517,32 @@ class Jobs:
         from ._backfill import read_ledger
 
         return await read_ledger(self, name=name, limit=limit)
+
+    # Scheduled tasks (``task()``): the logic lives in _scheduler.py.
+
+    async def tasks(self) -> builtins.list[TaskView]:
+        """Every scheduled task this facade declares or the store knows, by name:
+        schedule, zone, paused, last and next fire (:class:`~trio_jobs.TaskView`)."""
+        from ._scheduler import task_views
+
+        return await task_views(self)
+
+    async def pause_task(self, name: str) -> None:
+        """Pause a task fleet-wide: no occurrence fires until it is resumed
+        (``X_TASK_NOT_FOUND`` for a name no declaration or store knows)."""
+        from ._scheduler import pause_task
+
+        _check_arg(name, "the task name")
+        self._fleet_wide("pausing a task")
+        await pause_task(self, name)
+
+    async def resume_task(self, name: str) -> None:
+        """Resume a paused task; its ``catch_up`` decides what it missed."""
+        from ._scheduler import resume_task
+
+        _check_arg(name, "the task name")
+        self._fleet_wide("resuming a task")
+        await resume_task(self, name)
 
 
 @contextlib.asynccontextmanager

@@ -24,8 +24,10 @@ import attrs
 from . import _retry, _unwind
 from ._attempt import Attempt
 from ._context import Compensator, RunState, Steps
+from ._scheduler import Scheduler
 from ._worker import Worker
 from .drivers._protocol import AckOptions, ClaimedJob, EventRecord, Fence, NackOptions
+from .drivers._tasks import TaskFire
 from .drivers.memory import _driver as memory
 from .drivers.memory import _rate as memory_rate
 from .errors import ErrorCode
@@ -236,6 +238,23 @@ def _rate_window_halved(stack: _Stack) -> None:
     stack.enter_context(_patched(memory_rate.MemoryRateLimits, "acquire", halved))
 
 
+def _watermark_apart(stack: _Stack) -> None:
+    """A task's watermark is written apart from its fire: the scheduler enqueues
+    the occurrences' rows with the driver's own enqueue, then moves the
+    watermark alone, in a second call (a crash between the two fires the
+    occurrences again under the next leader)."""
+
+    async def apart(self: Scheduler, fires: list[TaskFire]) -> list[str]:
+        for fire in fires:
+            if fire.requests:
+                await self.jobs.driver.enqueue_many(list(fire.requests))
+        store = self.store
+        assert store is not None
+        return await store.fire(self.leader, [attrs.evolve(f, requests=()) for f in fires])
+
+    stack.enter_context(_patched(Scheduler, "_send", apart))
+
+
 _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "double-settle": _double_settle,
     "unfenced-settle": _unfenced_settle,
@@ -249,6 +268,7 @@ _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "waiter-not-woken": _waiter_not_woken,
     "rate-limit-counts": _rate_limit_counts,
     "rate-window-halved": _rate_window_halved,
+    "watermark-apart": _watermark_apart,
 }
 
 NAMES = frozenset(_PLANTERS)

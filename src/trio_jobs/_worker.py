@@ -48,6 +48,7 @@ from ._facade import Actor, Jobs
 from ._observe import WorkerObserver
 from ._retry import burial, decide
 from ._room import share_room
+from ._scheduler import scheduler_for
 from ._serialization import UnserializableError, json_form
 from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
@@ -411,6 +412,7 @@ class Worker:
         if self._started and not until_quiet:
             raise JobsError(ErrorCode.X_CONFIG_INVALID, "a Worker runs once; make a new Worker")
         self._check_capabilities()
+        scheduler = None if until_quiet else scheduler_for(self.jobs, self.queues, self.id)
         self._started = True
         if self._finished is None or self._finished.is_set():
             self._finished = trio.Event()
@@ -423,6 +425,8 @@ class Worker:
                 services.start_soon(self._heartbeat_loop)
                 services.start_soon(self._progress_loop)
                 services.start_soon(self._watch_cancel)
+                if scheduler is not None:  # the tasks of the queues it serves
+                    services.start_soon(scheduler.run)
                 # Slots and settle hooks live in their own nursery, which exits
                 # only once every one of them has finished.
                 self._slots_closing = False

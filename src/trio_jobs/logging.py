@@ -294,6 +294,29 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "a command named a queue no job declares and no job is in (`trio-jobs pause`, "
         "`trio-jobs worker --queues`): a typo pauses or serves nothing; it is done all the same",
     ),
+    "jobs.task.leading": (
+        "info",
+        ("task", "leader"),
+        "this process's scheduler took a task's lease: it fires the task's occurrences now "
+        "(the previous leader stopped, died or never was)",
+    ),
+    "jobs.task.fired": (
+        "info",
+        ("task", "occurrences", "leader"),
+        "the leader fired occurrences of a task: their runs and its watermark landed together",
+    ),
+    "jobs.task.catch-up-capped": (
+        "warning",
+        ("task", "fired", "hint"),
+        "more than 1,000 occurrences of a catch_up='all' task fell due while nothing fired "
+        "them: the newest 1,000 fired, the older ones were skipped",
+    ),
+    "jobs.task.store-failed": (
+        "warning",
+        ("code", "leader"),
+        "a scheduler's lease renewal or fire failed (the store is away); it tries again "
+        "within a second, backing off to the renewal interval",
+    ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
     "jobs.dashboard.action": (
@@ -377,6 +400,15 @@ SUMMARIES: dict[str, str] = {
         "worker process {pid} in slot {slot} still ran {waited}s into the drain: killed"
     ),
     "jobs.supervisor.stopped": "every worker process has exited: {outcome}",
+    "jobs.task.leading": "this process leads task {task} now",
+    "jobs.task.fired": "task {task}: {occurrences} occurrence(s) fired",
+    "jobs.task.catch-up-capped": (
+        "task {task}: more than 1,000 occurrences fell due; the newest {fired} fired, the "
+        "older ones were skipped"
+    ),
+    "jobs.task.store-failed": (
+        "the scheduler's call to the task store failed; it tries again shortly"
+    ),
     "jobs.dev.database": "`trio-jobs dev` uses {database}",
     "jobs.dev.serving": "{note}",
     "jobs.dashboard.action": "an operator acted from the dashboard: {action}",

@@ -34,6 +34,7 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "waiter-not-woken": ("keyed-concurrency", (1, 2, 3)),
     "rate-limit-counts": ("rate-limits", (1, 2, 3)),
     "rate-window-halved": ("rate-limits", (1, 2, 3)),
+    "watermark-apart": ("scheduled-tasks", (1, 2, 3)),
 }
 
 #: The kind of violation each bug is caught by (a phrase of the checker's message).
@@ -50,6 +51,7 @@ VIOLATIONS: dict[str, str] = {
     "waiter-not-woken": "runs wait on keys nothing holds or takes",
     "rate-limit-counts": "a run waiting for a budget spends no attempt",
     "rate-window-halved": "4 grants within 10 s",
+    "watermark-apart": "occurrences fired twice",
 }
 
 
@@ -147,6 +149,7 @@ def test_no_product_module_reads_a_planted_switch() -> None:
 def _replaceable() -> dict[str, object]:
     from trio_jobs import _retry, _unwind
     from trio_jobs._context import RunState, Steps
+    from trio_jobs._scheduler import Scheduler
     from trio_jobs._worker import Worker
     from trio_jobs.drivers.memory import _driver as memory
     from trio_jobs.drivers.memory import _rate as memory_rate
@@ -161,6 +164,7 @@ def _replaceable() -> dict[str, object]:
         ("_MemoryEvents", memory._MemoryEvents, ("poll",)),
         ("_retry", _retry, ("deferral",)),
         ("MemoryRateLimits", memory_rate.MemoryRateLimits, ("acquire",)),
+        ("Scheduler", Scheduler, ("_send",)),
     ]
     return {
         f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names

@@ -57,6 +57,7 @@ TOP_LEVEL = [
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
+    "Occurrence",
     "Outcome",
     "PurgeResult",
     "RateLimiter",
@@ -66,6 +67,7 @@ TOP_LEVEL = [
     "Signal",
     "StepView",
     "Steps",
+    "TaskView",
     "Transaction",
     "Worker",
     "WorkerObserver",
@@ -76,6 +78,7 @@ TOP_LEVEL = [
     "current_jobs",
     "job",
     "memory_driver",
+    "next_fire",
     "open_jobs",
     "postgres_driver",
     "publish_event",
@@ -85,6 +88,7 @@ TOP_LEVEL = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "task",
 ]
 
 #: The driver seam: the protocol, the records crossing it, its bounds, the drivers.
@@ -135,6 +139,11 @@ DRIVERS = [
     "StepStore",
     "StepView",
     "TERMINAL_STATES",
+    "TaskFire",
+    "TaskLead",
+    "TaskRow",
+    "TaskSpec",
+    "TaskStore",
     "UNWIND_MARGIN",
     "WakeSource",
     "WorkerInfo",
@@ -144,14 +153,18 @@ DRIVERS = [
 ]
 
 TESTING = [
+    "CheckFailure",
+    "CheckReport",
     "CrashReport",
     "Faults",
     "Harness",
     "HarnessClock",
+    "JobCheck",
     "SimulationResult",
     "StepTrace",
     "Trace",
     "World",
+    "check_jobs",
     "crash_proof",
     "open_harness",
     "simulate_jobs",

@@ -21,6 +21,7 @@ import click
 import orjson
 
 from ._backfills import backfills_command
+from ._check import check
 from ._common import (
     EXIT_ABANDONED,
     EXIT_REFUSED,
@@ -36,6 +37,7 @@ from ._common import (
     run,
 )
 from ._operate import OPERATOR_COMMANDS
+from ._tasks import TASK_COMMANDS
 from ._usage import JobsGroup
 
 __all__ = ["main"]
@@ -352,3 +354,8 @@ for _command in OPERATOR_COMMANDS:
 
 # backfills (src/trio_jobs/cli/_backfills.py).
 main.add_command(backfills_command)
+# check: the crash-proof CI gate (src/trio_jobs/cli/_check.py).
+main.add_command(check)
+# tasks, pause-task, resume-task (src/trio_jobs/cli/_tasks.py).
+for _command in TASK_COMMANDS:
+    main.add_command(_command)

@@ -56,6 +56,7 @@ from ._protocol import (
     WakeSource,
     WorkerInfo,
 )
+from ._tasks import TaskFire, TaskLead, TaskRow, TaskSpec, TaskStore
 from .memory import MemoryDriver, memory_driver
 from .postgres import postgres_driver
 from .redis import redis_driver
@@ -108,6 +109,11 @@ __all__ = [
     "StepStatus",
     "StepStore",
     "StepView",
+    "TaskFire",
+    "TaskLead",
+    "TaskRow",
+    "TaskSpec",
+    "TaskStore",
     "WakeSource",
     "WorkerInfo",
     "memory_driver",

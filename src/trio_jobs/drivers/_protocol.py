@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import trio
 
     from ._backfills import BackfillLedger
+    from ._tasks import TaskStore
 
 __all__ = [
     "AckOptions",
@@ -805,7 +806,7 @@ class JobIntrospection(Protocol):
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
     are ``None`` when the driver lacks them: ``leases``, ``rate_limits``,
-    ``introspect``, ``wake``, ``backfills``.
+    ``introspect``, ``wake``, ``backfills``, ``tasks``.
     Declared capabilities are plain attributes every driver provides (the worker
     reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
     ``LeaseStore.wakes_waiters``, ``RateLimitStore.shared`` and ``WakeSource.live``."""
@@ -850,6 +851,11 @@ class JobDriver(Protocol):
     def backfills(self) -> BackfillLedger | None:
         """The backfill ledger (``drivers/_backfills.py``), or ``None``: a
         ``backfill()`` pass then runs with no bookkeeping."""
+
+    @property
+    def tasks(self) -> TaskStore | None:
+        """The scheduled tasks' store (watermarks, leases, pauses); ``None``: the
+        driver runs no scheduler."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[DriverTransaction]:

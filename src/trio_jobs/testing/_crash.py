@@ -140,7 +140,7 @@ async def _run_once(
     job: Job[Any, Any],
     input: Any,
     handles: list[Job[Any, Any]],
-    observe: Callable[[], Any],
+    observe: Callable[[], Any] | None,
     reset: Callable[[], Any] | None,
     kill_at: int | None,
 ) -> tuple[list[tuple[str, str | None]], Any, Any, bool]:
@@ -176,7 +176,11 @@ async def _run_once(
             clock.advance(CRASH_VT + 1)
             await _run_to_rest(facade, driver, clock, None, queues)
         view = await facade.show(enqueued.id)
-        snapshot = await _call(observe)
+        if observe is None:
+            # No hook: what the run left in the queue is the world.
+            snapshot = (view.result, {s.name: s.output for s in view.steps})
+        else:
+            snapshot = await _call(observe)
     return hits, snapshot, view, started_step
 
 
@@ -184,7 +188,7 @@ async def crash_proof(
     job: Job[Any, Any],
     input: Any,
     *,
-    observe: Callable[[], Any],
+    observe: Callable[[], Any] | None,
     reset: Callable[[], Any] | None = None,
     jobs: Sequence[Job[Any, Any]] | None = None,
 ) -> CrashReport:
@@ -199,8 +203,27 @@ async def crash_proof(
     after ``started`` must end the run with ``X_STEP_OUTCOME_UNKNOWN`` instead
     (never a double effect). A crash spends an attempt like any lapse, so the
     job's retry policy must allow one more.
+
+    ``observe=None`` compares what the run left in the queue instead: the
+    terminal state, the result and every step's stored output.
     """
+    return await _crash_proof(job, input, observe=observe, reset=reset, jobs=jobs)
+
+
+async def _crash_proof(
+    job: Job[Any, Any],
+    input: Any,
+    *,
+    observe: Callable[[], Any] | None,
+    reset: Callable[[], Any] | None,
+    jobs: Sequence[Job[Any, Any]] | None,
+    on_run: Callable[[int | None, int, str | None], None] | None = None,
+) -> CrashReport:
+    """:func:`crash_proof`; ``on_run(index, total, point)`` is told before each
+    run (``None``: the clean one) and once more after the last (``index == total``)."""
     handles = [job, *(jobs or [])]
+    if on_run is not None:
+        on_run(None, 0, None)
     hits, reference, ref_view, _ = await _run_once(job, input, handles, observe, reset, None)
     if ref_view.state not in TERMINAL_STATES:
         raise JobsError(
@@ -209,6 +232,8 @@ async def crash_proof(
         )
     unknown = 0
     for index, (boundary, step) in enumerate(hits):
+        if on_run is not None:
+            on_run(index, len(hits), _point(boundary, step))
         _hits, snapshot, view, started = await _run_once(job, input, handles, observe, reset, index)
         point = _point(boundary, step)
         if started:
@@ -243,6 +268,8 @@ async def crash_proof(
                     "state": view.state,
                 },
             )
+    if on_run is not None:
+        on_run(len(hits), len(hits), None)
     return CrashReport(
         boundaries=len(hits),
         points=[_point(b, s) for b, s in hits],

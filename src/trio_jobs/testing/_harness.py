@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -12,6 +13,8 @@ import trio.testing
 
 from .._declare import Job
 from .._facade import Jobs, open_jobs
+from .._scheduler import LEASE_TTL, fire_due, spec_of
+from .._task import tasks_of
 from .._time import Duration, SystemClock, parse_duration
 from .._worker import Worker
 from ..drivers.memory import MemoryDriver
@@ -21,6 +24,8 @@ __all__ = ["Harness", "HarnessClock", "StepTrace", "Trace", "open_harness"]
 
 #: A harness pass that never goes quiet is a bug in a job (or in the library).
 MAX_PASSES = 10_000
+#: Who leads the harness's scheduled tasks (the harness is their whole fleet).
+HARNESS_LEADER = "harness"
 
 
 class HarnessClock:
@@ -112,8 +117,10 @@ class Harness:
         return await self.trace(enqueued.id)
 
     async def drain(self) -> Trace | None:
-        """Run every due job until nothing is due; answer the trace of the job the
-        last :meth:`run` started (``None`` if ``run`` was never called)."""
+        """Fire every task occurrence due by the harness clock (by its
+        ``catch_up`` rule), then run every due job until nothing is due; answer
+        the trace of the job the last :meth:`run` started (``None`` if ``run``
+        was never called)."""
         await self._until_quiet()
         return await self.trace(self._last) if self._last is not None else None
 
@@ -139,7 +146,14 @@ class Harness:
             if r.state == "ready" and r.run_at > now and r.tx is None
         ]
 
+    async def fire_due(self) -> int:
+        """Fire every occurrence of the harness's tasks due by its clock, by each
+        task's ``catch_up`` (as the scheduler would); answers how many fired.
+        :meth:`run` and :meth:`drain` do this first."""
+        return await fire_due(self.jobs, tasks_of(list(self.jobs.handles.values())), HARNESS_LEADER)
+
     async def _until_quiet(self) -> None:
+        await self.fire_due()
         queues = sorted({h.queue for h in self.jobs.handles.values()}) or ["default"]
         for _ in range(MAX_PASSES):
             worker = Worker(self.jobs, queues=queues, **self._worker_options)
@@ -160,19 +174,40 @@ async def open_harness(
     *,
     jobs: Sequence[Job[Any, Any]] = (),
     origin: float | None = None,
+    start: datetime | None = None,
     **worker_options: Any,
 ) -> AsyncIterator[Harness]:
     """The memory driver on a frozen clock, with the ambient facade installed.
+
+    ``start`` (an aware datetime; default now) is the clock's wall-clock origin,
+    and the scheduler of the listed tasks is armed there: an occurrence exactly
+    at ``start`` is not fired, every later one is, by :meth:`Harness.drain`
+    once the clock reaches it (``h.clock.advance(...)``).
 
     >>> async with open_harness(jobs=[onboard_org]) as h:
     ...     trace = await h.run(onboard_org, Onboard(org_id=ORG))
     ...     h.clock.advance("3d")
     ...     trace = await h.drain()
     """
+    if start is not None:
+        if origin is not None:
+            raise JobsError(ErrorCode.X_CONFIG_INVALID, "pass start= or origin=, not both")
+        if not isinstance(start, datetime) or start.utcoffset() is None:
+            raise JobsError(
+                ErrorCode.X_CONFIG_INVALID,
+                "open_harness(start=...) takes an aware datetime (give it a tzinfo)",
+            )
+        origin = start.timestamp()
     clock = HarnessClock(origin)
     driver = MemoryDriver(clock=clock)
     worker_options.setdefault("concurrency", 8)
     # The harness's workers are its whole fleet: a shared rate limit lives here.
     worker_options.setdefault("fleet", "single")
     async with open_jobs(driver, jobs=jobs) as facade:
-        yield Harness(facade, driver, clock, worker_options)
+        harness = Harness(facade, driver, clock, worker_options)
+        scheduled = tasks_of(list(facade.handles.values()))
+        if scheduled:
+            # Armed at the origin: the tasks' watermarks are the clock's now.
+            assert driver.tasks is not None
+            await driver.tasks.lead(HARNESS_LEADER, [spec_of(t) for t in scheduled], LEASE_TTL)
+        yield harness

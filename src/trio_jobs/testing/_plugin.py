@@ -11,7 +11,11 @@ from collections.abc import AsyncIterator, Generator
 
 import pytest
 
+from ._check_plugin import pytest_addoption, pytest_collection_modifyitems
 from ._harness import Harness, open_harness
+
+# `pytest --trio-jobs-check=MODULE` (the hooks live in _check_plugin.py).
+__all__ = ["pytest_addoption", "pytest_collection_modifyitems"]
 
 try:
     from pytest_trio import trio_fixture  # type: ignore[import-untyped]

@@ -34,6 +34,7 @@ from .. import _ambient
 from .._attempt import LEGAL, Attempt, Phase
 from .._declare import Job
 from .._facade import Jobs, open_jobs
+from .._task import tasks_of
 from .._time import UuidSource
 from .._worker import Worker
 from ..drivers._protocol import (
@@ -489,6 +490,7 @@ class _SimDriver:
         self.rate_limits = _Sub(self, "rate_limits", self._d.rate_limits)
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.backfills = _Sub(self, "backfills", self._d.backfills)
+        self.tasks = _Sub(self, "tasks", self._d.tasks)
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
         #: Never closed under the simulation: a crashed worker raises ``Killed``.
@@ -754,9 +756,11 @@ class _QuietPoll:
     sleeping a second at a time would (the rows only move at permits, so what a
     look sees is the same). Main waits until a look finds the simulation over."""
 
-    def __init__(self, driver: MemoryDriver, max_time: float) -> None:
+    def __init__(self, driver: MemoryDriver, max_time: float, *, forever: bool = False) -> None:
         self._driver = driver
         self._max_time = max_time
+        #: Scheduled tasks fire for ever: the simulation runs to ``max_time``.
+        self._forever = forever
         self.at = math.inf
         self._over = trio.Event()
 
@@ -770,7 +774,8 @@ class _QuietPoll:
     def due(self, now: float) -> bool:
         """Look, at ``now`` (the clock has reached ``at``); answer whether main wakes."""
         rows = self._driver._rows.values()
-        if all(r.state in TERMINAL_STATES for r in rows) or now >= self._max_time:
+        settled = not self._forever and all(r.state in TERMINAL_STATES for r in rows)
+        if settled or now >= self._max_time:
             self.at = math.inf
             self._over.set()
             return True
@@ -1048,7 +1053,7 @@ async def _simulate(
         nursery.start_soon(later)
 
     inner: list[trio.CancelScope] = []
-    poll = arbiter.poll = _QuietPoll(sim.driver, max_time)
+    poll = arbiter.poll = _QuietPoll(sim.driver, max_time, forever=bool(tasks_of(jobs)))
 
     stopped = arbiter.stopped
 
@@ -1171,7 +1176,9 @@ async def simulate_jobs(
     ``enqueue_many`` per run of one job's inputs, before any worker starts), or
     an async callable that enqueues. ``invariant(world)`` fails by raising; it runs once the
     simulation is quiet (every job settled), and between events too with
-    ``check="every-event"``. Built-in invariants always run: no committed job
+    ``check="every-event"``. Scheduled tasks (``task()``) among ``jobs`` are
+    fired by the workers' schedulers; they never settle for good, so such a
+    simulation runs to ``max_time``. Built-in invariants always run: no committed job
     lost, no step result recorded twice, at most one live lease per job, legal
     state transitions only, drained attempts uncounted. A failure is
     ``JobsError("X_SIMULATION_INVARIANT")`` with the seed, and a one-line

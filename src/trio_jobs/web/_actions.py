@@ -19,7 +19,18 @@ from ._templates import href
 if TYPE_CHECKING:
     from ._app import Dashboard, Req
 
-__all__ = ["bulk", "cancel", "pause", "promote", "remove", "resolve", "resume", "retry"]
+__all__ = [
+    "bulk",
+    "cancel",
+    "pause",
+    "pause_task",
+    "promote",
+    "remove",
+    "resolve",
+    "resume",
+    "resume_task",
+    "retry",
+]
 
 log = logging.getLogger("trio_jobs.web")
 
@@ -154,6 +165,22 @@ async def resume(d: Dashboard, ctx: Req) -> Response:
     queue = ctx.form.get("queue") or ""
     return await _act(
         ctx, "resume", lambda: d.jobs.resume_queue(queue), back="/", queue=queue, done="resumed"
+    )
+
+
+async def pause_task(d: Dashboard, ctx: Req) -> Response:
+    """``POST /tasks/pause``: no occurrence of the task fires until resumed."""
+    name = ctx.form.get("task") or ""
+    return await _act(
+        ctx, "pause-task", lambda: d.jobs.pause_task(name), back="/tasks", done="task_paused"
+    )
+
+
+async def resume_task(d: Dashboard, ctx: Req) -> Response:
+    """``POST /tasks/resume``: its ``catch_up`` decides what it missed."""
+    name = ctx.form.get("task") or ""
+    return await _act(
+        ctx, "resume-task", lambda: d.jobs.resume_task(name), back="/tasks", done="task_resumed"
     )
 
 

@@ -61,6 +61,7 @@ NAV = (
     ("dead", "/dead", "Dead letters"),
     ("workers", "/workers", "Workers"),
     ("backfills", "/backfills", "Backfills"),
+    ("tasks", "/tasks", "Tasks"),
 )
 
 _DONE_TEXT = {
@@ -70,6 +71,8 @@ _DONE_TEXT = {
     "removed": "Removed.",
     "paused": "Queue paused: no worker claims from it until it is resumed.",
     "resumed": "Queue resumed.",
+    "task_paused": "Task paused: no occurrence fires until it is resumed.",
+    "task_resumed": "Task resumed: its catch_up decides what it missed.",
     "resolved": "Step resolved: retry the job to go on.",
     "requeue_many": "Requeued matching jobs.",
     "remove_many": "Removed matching jobs.",
@@ -81,6 +84,7 @@ HINTS = {
     "X_JOB_NOT_REMOVABLE": "a running job cannot be removed: cancel it first",
     "X_JOB_DUPLICATE": "a live job holds this job's idempotency key",
     "X_JOB_NOT_FOUND": "no job has that id (removed, or purged by retention)",
+    "X_TASK_NOT_FOUND": "no scheduled task has that name",
     "X_JOB_NOT_PROMOTABLE": "only a job waiting on its run time can be promoted",
     "X_NOT_IMPLEMENTED": "this driver has no operator surface",
 }
@@ -151,6 +155,9 @@ class Dashboard:
             Route("/dead", self._wrap(_pages.dead_letters), methods=get),
             Route("/workers", self._wrap(_pages.worker_list), methods=get),
             Route("/backfills", self._wrap(_pages.backfill_list), methods=get),
+            Route("/tasks", self._wrap(_pages.task_list), methods=get),
+            Route("/tasks/pause", self._wrap(_actions.pause_task), methods=post),
+            Route("/tasks/resume", self._wrap(_actions.resume_task), methods=post),
             Route("/metrics", self.metrics, methods=get),
             Route("/queues/pause", self._wrap(_actions.pause), methods=post),
             Route("/queues/resume", self._wrap(_actions.resume), methods=post),

@@ -31,7 +31,7 @@ from ..errors import ErrorCode, JobsError
 if TYPE_CHECKING:
     from ._app import Dashboard, Req
 
-__all__ = ["dead_letters", "job_list", "job_page", "overview", "worker_list"]
+__all__ = ["dead_letters", "job_list", "job_page", "overview", "task_list", "worker_list"]
 
 #: Minutes of throughput each sparkline draws.
 SPARK_MINUTES = 60
@@ -242,6 +242,15 @@ async def backfill_list(d: Dashboard, ctx: Req) -> Response:
     except JobsError as exc:
         return d.error_page(ctx, exc, active="backfills")
     return d.render(ctx, "backfills.html", active="backfills", now=d.now(), passes=passes)
+
+
+async def task_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /tasks``: every scheduled task, paused or not, its last and next fire."""
+    try:
+        tasks = await d.jobs.tasks()
+    except JobsError as exc:
+        return d.error_page(ctx, exc, active="tasks")
+    return d.render(ctx, "tasks.html", active="tasks", now=d.now(), tasks=tasks)
 
 
 async def job_page(d: Dashboard, ctx: Req) -> Response:

@@ -8,9 +8,10 @@ from trio_jobs.drivers import memory_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
+from ..task_store import TaskStoreConformance
 
 
-class TestMemoryConformance(DriverConformance, RefusalConformance):
+class TestMemoryConformance(DriverConformance, RefusalConformance, TaskStoreConformance):
     @pytest.fixture
     async def target(self) -> AsyncIterator[Target]:
         clock = ManualClock()

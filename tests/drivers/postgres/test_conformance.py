@@ -15,11 +15,12 @@ from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
+from ..task_store import TaskStoreConformance
 
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresConformance(DriverConformance, RefusalConformance):
+class TestPostgresConformance(DriverConformance, RefusalConformance, TaskStoreConformance):
     @pytest.fixture
     async def target(self, pg_dsn: str, pg_schema: str) -> AsyncIterator[Target]:
         clock = ManualClock()

@@ -16,13 +16,14 @@ from trio_jobs.drivers.redis import redis_driver
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
+from ..task_store import TaskStoreConformance
 from .conftest import contents
 from .conftest import pytestmark as _skip_without_redis
 
 pytestmark = _skip_without_redis
 
 
-class TestRedisConformance(DriverConformance, RefusalConformance):
+class TestRedisConformance(DriverConformance, RefusalConformance, TaskStoreConformance):
     @pytest.fixture
     async def target(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Target]:
         clock = ManualClock()

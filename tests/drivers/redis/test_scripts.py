@@ -23,6 +23,8 @@ from trio_jobs.drivers import (
     ClaimOptions,
     HeartbeatRequest,
     NackOptions,
+    TaskFire,
+    TaskSpec,
 )
 from trio_jobs.drivers.redis import RedisDriver
 from trio_jobs.errors import ErrorCode, JobsError
@@ -182,6 +184,28 @@ CASES: list[tuple[str, ErrorCode, Call]] = [
     ),
     ("rate_acquire per=0", ErrorCode.X_INVARIANT, _script("rate_acquire", "n", "k", "1", "0")),
     ("rate_acquire: no key", ErrorCode.X_INVARIANT, _script("rate_acquire", "n")),
+    # the task store (lua/tasks.lua)
+    (
+        "task_lead ttl=nan",
+        ErrorCode.X_INVARIANT,
+        lambda w: w.driver.tasks.lead(
+            "l", [TaskSpec("t", "every:60", "UTC", "all", "q")], math.nan
+        ),  # type: ignore[union-attr]
+    ),
+    ("task_lead: incomplete", ErrorCode.X_INVARIANT, _script("task_lead", "l", "30", "1", "t")),
+    (
+        "task_fire watermark=nan",
+        ErrorCode.X_INVARIANT,
+        lambda w: w.driver.tasks.fire("l", [TaskFire("t", math.nan, 60.0)]),  # type: ignore[union-attr]
+    ),
+    (
+        "task_fire a row with run_at=nan",
+        ErrorCode.X_JOB_INPUT_INVALID,
+        lambda w: w.driver.tasks.fire(  # type: ignore[union-attr]
+            "l", [TaskFire("t", 0.0, 60.0, [req("r", run_at=math.nan)], 60.0)]
+        ),
+    ),
+    ("task_pause: no name", ErrorCode.X_INVARIANT, lambda w: w.driver.tasks.pause("")),  # type: ignore[union-attr]
 ]
 
 

@@ -63,6 +63,7 @@ from .._protocol import (
 from .._resolve import check_bulk_action, resolved_prefix
 from ._backfills import MemoryBackfills
 from ._rate import MemoryRateLimits
+from ._tasks import MemoryTasks
 
 __all__ = ["MemoryDriver", "memory_driver"]
 
@@ -232,6 +233,7 @@ class MemoryDriver:
         self.introspect: _MemoryIntrospection | None = _MemoryIntrospection(self)
         self.wake: _Wake | None = self._wake
         self.backfills: MemoryBackfills | None = MemoryBackfills(self.now, self._check_open)
+        self.tasks: MemoryTasks | None = MemoryTasks(self)
         self.opened = False
         self.closed = False
 

@@ -77,6 +77,7 @@ from ._backfills import PgBackfills
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
 from ._sql import query
+from ._tasks import PgTasks
 from ._wake import PgWake
 
 __all__ = ["PostgresDriver"]
@@ -213,6 +214,7 @@ class PostgresDriver:
         self.rate_limits: RateLimitStore | None = _PgRateLimits(self)
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
         self.backfills: PgBackfills | None = PgBackfills(self)
+        self.tasks: PgTasks | None = PgTasks(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
             conninfo=lambda: self._conninfo,

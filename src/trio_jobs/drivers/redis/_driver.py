@@ -58,6 +58,7 @@ from .._protocol import (
 from .._service import ServiceTasks
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
+from ._tasks import RedisTasks
 from ._wake import RedisWake
 
 __all__ = ["SCHEMA_VERSION", "RedisDriver"]
@@ -278,6 +279,8 @@ class RedisDriver:
         #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
         self.introspect: None = None
         self.backfills: RedisBackfills | None = RedisBackfills(self)
+        #: Scheduled tasks: leases, fires and pauses (lua/tasks.lua).
+        self.tasks: RedisTasks | None = RedisTasks(self)
         self.wake: RedisWake | None = RedisWake(
             subscribe=self._subscribe,
             send_probe=self._send_probe,

@@ -267,3 +267,19 @@ CREATE TABLE trio_jobs_backfills (
 );
 -- `jobs.backfills()` and `trio-jobs backfills`: newest first.
 CREATE INDEX trio_jobs_backfills_started_idx ON trio_jobs_backfills (started_at DESC, job_id DESC);
+-- Scheduled tasks (0006): the schedule as declared, the watermark (occurrences at
+-- or before it are decided), the last fire, and the leader's lease.
+CREATE TABLE trio_jobs_tasks (
+    name             text PRIMARY KEY,
+    schedule         text NOT NULL,
+    tz               text NOT NULL,
+    catch_up         text NOT NULL CHECK (catch_up IN ('latest', 'all', 'none')),
+    queue            text NOT NULL,
+    watermark        float8 NOT NULL,
+    armed_at         float8 NOT NULL,
+    last_fire        float8,
+    fired_at         float8,
+    leader           text,
+    lease_expires_at float8,
+    updated_at       float8 NOT NULL
+);

@@ -1,0 +1,3 @@
+"""A module that does not import."""
+
+raise RuntimeError("boom at import")

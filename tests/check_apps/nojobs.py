@@ -1,0 +1,3 @@
+"""A module with no jobs."""
+
+VALUE = 1
