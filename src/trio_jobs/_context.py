@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -944,13 +944,21 @@ async def _record_failure(
     await s.hit("after-record", name)
 
 
-@contextlib.contextmanager
-def _running(s: RunState, name: str) -> Iterator[None]:
-    """While a step's function runs: the heartbeat reports it as in progress."""
-    try:
-        yield
-    finally:
-        s.running_steps.pop(name, None)
+class _running:
+    """While a step's function runs: the heartbeat reports it as in progress.
+    (A class, not a generator: it is entered once per executed step.)"""
+
+    __slots__ = ("_name", "_s")
+
+    def __init__(self, s: RunState, name: str) -> None:
+        self._s = s
+        self._name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._s.running_steps.pop(self._name, None)
 
 
 def _parse_event(schema: Any, payload: Any, step: str) -> Any:
