@@ -7,7 +7,7 @@ hands it to its template; it builds no HTML.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -226,31 +226,35 @@ async def _listing(d: Dashboard, ctx: Req, *, fixed_state: str | None) -> Respon
     )
 
 
+async def _list_page(
+    d: Dashboard,
+    ctx: Req,
+    fetch: Callable[[], Awaitable[Any]],
+    template: str,
+    active: str,
+    name: str,
+) -> Response:
+    """A page that shows one list the facade answers (an error page if it refuses)."""
+    try:
+        rows = await fetch()
+    except JobsError as exc:
+        return d.error_page(ctx, exc, active=active)
+    return d.render(ctx, template, active=active, now=d.now(), **{name: rows})
+
+
 async def worker_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /workers``: every live worker and its last heartbeat."""
-    try:
-        workers = await d.jobs.workers()
-    except JobsError as exc:
-        return d.error_page(ctx, exc, active="workers")
-    return d.render(ctx, "workers.html", active="workers", now=d.now(), workers=workers)
+    return await _list_page(d, ctx, d.jobs.workers, "workers.html", "workers", "workers")
 
 
 async def backfill_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /backfills``: the backfill ledger, one row per pass, newest first."""
-    try:
-        passes = await d.jobs.backfills()
-    except JobsError as exc:
-        return d.error_page(ctx, exc, active="backfills")
-    return d.render(ctx, "backfills.html", active="backfills", now=d.now(), passes=passes)
+    return await _list_page(d, ctx, d.jobs.backfills, "backfills.html", "backfills", "passes")
 
 
 async def task_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /tasks``: every scheduled task, paused or not, its last and next fire."""
-    try:
-        tasks = await d.jobs.tasks()
-    except JobsError as exc:
-        return d.error_page(ctx, exc, active="tasks")
-    return d.render(ctx, "tasks.html", active="tasks", now=d.now(), tasks=tasks)
+    return await _list_page(d, ctx, d.jobs.tasks, "tasks.html", "tasks", "tasks")
 
 
 async def job_page(d: Dashboard, ctx: Req) -> Response:
