@@ -14,7 +14,9 @@ the instants (the database's clock) of the grants still in the window, and is
 polled four times a window, so every grant is seen before the window drops it.
 Reported: the grants in each fixed window from the first grant, the most in
 any interval of length ``--per`` (the sliding-window bound, which must not
-exceed the limit), and how the runs ended.
+exceed the limit), how the runs ended, and the deferrals per grant (the
+attempt logs' hand-backs; each run that did not fit the first window is
+deferred at least once, so the floor is the runs deferred per grant).
 
 The database is ``--dsn``, else ``$DATABASE_URL``, else
 ``postgresql://postgres@127.0.0.1:5432/test``; the run works in a fresh schema
@@ -157,6 +159,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "count(DISTINCT id) FILTER (WHERE jsonb_array_length(attempt_log) >= 20) "
                 "FROM trio_jobs_jobs, jsonb_array_elements(attempt_log) e"
             ).fetchone() or (0, 0)
+            # Runs deferred at least once, and more than once.
+            deferred_runs, again = conn.execute(
+                "SELECT count(*) FILTER (WHERE n > 0), count(*) FILTER (WHERE n > 1) FROM ("
+                " SELECT (SELECT count(*) FROM jsonb_array_elements(attempt_log) e"
+                "         WHERE e ->> 'outcome' = 'handed-back') AS n FROM trio_jobs_jobs) c"
+            ).fetchone() or (0, 0)
     finally:
         for proc in children:
             proc.send_signal(signal.SIGTERM)
@@ -178,6 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_sliding": _max_in_window(hits, per),
         "states": states,
         "handed_back": handed_back,
+        "deferred_runs": deferred_runs,
+        "deferred_again": again,
         "capped": capped,
         "grants": len(hits),
         "backlog": backlog,
@@ -225,6 +235,11 @@ def main(argv: Sequence[str]) -> int:
         f"deferrals: {result['handed_back']} for {result['grants']} grants "
         f"({result['handed_back'] / max(1, result['grants']):.1f} per grant; jobs whose "
         f"attempt log is full, so undercounted: {result['capped']})"
+    )
+    print(
+        f"runs deferred: {result['deferred_runs']}, of them more than once: "
+        f"{result['deferred_again']} (the floor is one deferral per run that did not fit "
+        f"the first window: {result['deferred_runs'] / max(1, result['grants']):.2f} per grant)"
     )
     ok = result["max_sliding"] <= args.limit and all(c == args.limit for c in result["windows"])
     return 0 if ok else 1

@@ -27,7 +27,7 @@ from ._time import Duration, parse_duration
 from ._validate import text_fault
 from ._write_retry import is_transient, write_retrying
 from .drivers._protocol import ClaimedJob, JobDriver, NackOptions, RateGrant, RateLimitStore
-from .drivers._window import SlidingLog
+from .drivers._window import SlidingLog, short_wait
 from .errors import ErrorCode, JobsError
 from .logging import emit
 
@@ -56,6 +56,9 @@ MAX_RATE_LIMIT = 100_000
 #: The longest limiter name and acquisition key, in characters.
 MAX_RATE_KEY = 200
 
+#: How many times ``acquire`` asks again after a short refusal before it raises.
+_SHORT_TRIES = 4
+
 # A scope="process" limiter's windows, per driver (the harness's and each test's
 # driver keep their own, on their own clocks).
 _process_logs: weakref.WeakKeyDictionary[Any, SlidingLog] = weakref.WeakKeyDictionary()
@@ -75,8 +78,15 @@ class RateLimiter:
     async def acquire(self, key: str = "") -> None:
         """Take one acquisition of this budget (``key`` splits it: one window
         per key) or raise ``JobsError("X_RATE_LIMITED", meta={"retry_after_seconds":
-        s})``, ``s`` being when one would be granted. A worker defers a body that
+        s})``, ``s`` being this acquisition's turn. A worker defers a body that
         raises it to then, with the attempt uncounted.
+
+        The refused are spread: the first refusal of a full window is told when
+        its oldest grant leaves, the next one when the next grant leaves, and so
+        on over the windows to come (one place per slot per window), so deferred
+        runs come back one per freed slot instead of all at once. A refusal whose
+        slot frees within a slot's share of the window (at most 250 ms) is
+        waited out here instead of raised.
 
         The store is the ambient facade's driver's. ``scope="shared"`` over a
         store in one process's memory (the memory driver) is
@@ -92,22 +102,35 @@ class RateLimiter:
         facade = current_jobs()
         _ambient.check_not_aborted()
         driver = await facade._resolved_driver()
+        # A refusal whose slot frees within the short wait (a run promised a
+        # slot, back a few ms before the grant in it leaves) is waited out here,
+        # a few times at most, rather than handed back to the queue.
+        budget = short_wait(self.limit, self.per)
+        grant = await self._take(driver, key)
+        for _ in range(_SHORT_TRIES - 1):
+            if grant.granted or grant.retry_after > budget:
+                break
+            budget -= grant.retry_after
+            await trio.sleep(grant.retry_after)
+            _ambient.check_not_aborted()
+            grant = await self._take(driver, key)
+        if not grant.granted:
+            raise JobsError(
+                ErrorCode.X_RATE_LIMITED,
+                f"rate limit {self.name!r} is spent ({self.limit} per {self.per:g}s); this "
+                f"acquisition's turn comes in {grant.retry_after:.3f}s — a job body raising "
+                "this is deferred to then, its attempt uncounted",
+                meta={"retry_after_seconds": grant.retry_after, "limiter": self.name},
+            )
+
+    async def _take(self, driver: JobDriver, key: str) -> RateGrant:
         if self.scope == "process":
             logs = _process_logs.get(driver)
             if logs is None:
                 logs = _process_logs[driver] = SlidingLog()
             wait = logs.take((self.name, key), self.limit, self.per, driver.now())
-            grant = RateGrant(True) if wait is None else RateGrant(False, wait)
-        else:
-            grant = await self._shared(driver, key)
-        if not grant.granted:
-            raise JobsError(
-                ErrorCode.X_RATE_LIMITED,
-                f"rate limit {self.name!r} is spent ({self.limit} per {self.per:g}s); one is "
-                f"free in {grant.retry_after:.3f}s — a job body raising this is deferred "
-                "to then, its attempt uncounted",
-                meta={"retry_after_seconds": grant.retry_after, "limiter": self.name},
-            )
+            return RateGrant(True) if wait is None else RateGrant(False, wait)
+        return await self._shared(driver, key)
 
     async def _shared(self, driver: JobDriver, key: str) -> RateGrant:
         store = driver.rate_limits

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from trio_jobs import ErrorCode, JobsError, RateLimiter, Worker, rate_limiter
 from trio_jobs._rate import MAX_RATE_LIMIT, tenant_rate
-from trio_jobs.drivers._window import MIN_WAIT, SlidingLog
+from trio_jobs.drivers._window import MIN_WAIT, SlidingLog, exact_wait, short_wait
 
 
 def test_a_good_declaration_resolves_its_window_to_seconds() -> None:
@@ -178,8 +178,99 @@ def test_at_most_limit_in_any_window_and_refused_only_when_full(
             granted.append(now)
         else:
             assert len(in_window) == limit
-            # the wait is when the oldest take that must leave leaves
-            assert wait == pytest.approx(max(MIN_WAIT, in_window[0] + per - now))
+            # never before the oldest take that must leave leaves; exactly then
+            # when that is near (else a later place in the queue of the refused)
+            leaves = max(MIN_WAIT, in_window[0] + per - now)
+            assert wait >= leaves - 1e-9
+            if leaves <= exact_wait(limit, per):
+                assert wait == pytest.approx(leaves)
     for i in range(len(granted) - limit):
         # take i is out of the window (t - per, t] of take i + limit
         assert granted[i] <= granted[i + limit] - per
+
+
+# --------------------------------------------------------------------------- the queue of the refused
+
+
+def test_the_refused_are_promised_one_freed_slot_each_round_after_round() -> None:
+    log = SlidingLog()
+    assert log.take("b", 2, 10.0, 100.0) is None
+    assert log.take("b", 2, 10.0, 104.0) is None
+    # five refused at 105: the slots free at 110 and 114, then every 10 s
+    promised = [105.0 + log.take("b", 2, 10.0, 105.0) for _ in range(5)]  # type: ignore[operator]
+    assert promised == pytest.approx([110.0, 114.0, 120.0, 124.0, 130.0])
+    # each comes back at its place and is granted: no one meets another
+    for at in promised:
+        assert log.take("b", 2, 10.0, at) is None
+    # the queue has passed: the next refusal is told when the oldest leaves
+    assert log.take("b", 2, 10.0, 131.0) == pytest.approx(124.0 + 10.0 - 131.0)
+
+
+def test_a_refusal_near_the_slot_is_told_the_slot_and_takes_no_place() -> None:
+    log = SlidingLog()
+    assert exact_wait(2, 10.0) == 1.0
+    assert log.take("b", 2, 10.0, 100.0) is None
+    assert log.take("b", 2, 10.0, 104.0) is None
+    assert log.take("b", 2, 10.0, 105.0) == pytest.approx(5.0)  # place 0: 110
+    assert log.take("b", 2, 10.0, 109.5) == pytest.approx(0.5)  # near: no place
+    # the place it did not take is the next refusal's (a clock may step back)
+    assert log.take("b", 2, 10.0, 106.0) == pytest.approx(8.0)  # place 1: 114
+
+
+def test_a_queue_of_another_limit_is_not_reused() -> None:
+    log = SlidingLog()
+    for at in (0.0, 1.0, 2.0):
+        assert log.take("b", 3, 10.0, at) is None
+    assert log.take("b", 3, 10.0, 3.0) == pytest.approx(7.0)  # queue on [0, 1, 2]
+    # a limit of 1 needs all three gone: a queue of its own, on the newest grant
+    assert log.take("b", 1, 10.0, 3.0) == pytest.approx(9.0)
+    assert log.take("b", 1, 10.0, 3.0) == pytest.approx(19.0)
+
+
+def test_a_bucket_with_a_queue_ahead_is_not_swept() -> None:
+    log = SlidingLog()
+    log.take("q", 1, 1.0, 0.0)
+    for _ in range(10):
+        log.take("q", 1, 1.0, 0.5)  # promised up to 10.0
+    for i in range(2000):
+        log.take(f"k{i}", 1, 1.0, 5.0 + i * 0.001)
+    assert log.count("q", 1.0, 0.5) == 1
+    assert "q" in log._logs
+
+
+def test_the_short_wait_is_a_slots_share_at_most_a_quarter_second() -> None:
+    assert short_wait(60, 6.0) == pytest.approx(0.1)
+    assert short_wait(1, 3600.0) == 0.25
+    assert exact_wait(60, 6.0) == 1.0
+    assert exact_wait(100, 1.0) == 0.25
+    assert exact_wait(1, 0.1) == pytest.approx(0.1)  # never below the short wait
+
+
+@given(
+    limit=st.integers(1, 6),
+    per=st.floats(2.0, 20.0),
+    gaps=st.lists(st.floats(0.0, 0.3), min_size=1, max_size=6),
+    herd=st.integers(1, 30),
+)
+def test_a_herd_refused_at_once_is_spread_at_most_limit_per_window(
+    limit: int, per: float, gaps: list[float], herd: int
+) -> None:
+    log = SlidingLog()
+    now = 1000.0
+    grants = 0
+    for gap in gaps:
+        now += gap
+        if log.take("k", limit, per, now) is None:
+            grants += 1
+    if grants < limit:
+        return  # the window is not full: nothing is refused
+    now += 0.01
+    promised = []
+    for _ in range(herd):
+        wait = log.take("k", limit, per, now)
+        assert wait is not None
+        promised.append(now + wait)
+    assert promised == sorted(promised)
+    # at most `limit` told to come back in any interval of length `per`
+    for i in range(len(promised) - limit):
+        assert promised[i + limit] - promised[i] >= per - 1e-6

@@ -86,6 +86,30 @@ async def test_a_real_worker_spends_the_budget_per_window(autojump_clock: Any) -
     assert len(granted) == 12
 
 
+async def test_a_backlog_over_the_budget_is_spread_one_deferral_per_run(
+    autojump_clock: Any,
+) -> None:
+    """N runs over a budget of k per window: never more than k started in any
+    window, every run started on its first attempt, and each run that did not
+    fit the first window deferred once: the refused are told one freed slot
+    each, round after round, not all the first slot to free."""
+    metered, granted = metered_job(3, "10s")
+    async with jobs_on_memory([metered]) as (jobs, driver):
+        ids = [(await metered.enqueue(Item(f"k{i}"))).id for i in range(14)]
+        async with running_worker(jobs, concurrency=8, fleet="single"):
+            for job_id in ids:
+                view = await wait_state(jobs, job_id, "done", "dead", "failed")
+                assert (view.state, view.attempts) == ("done", 1)
+        logs = [await driver.attempt_log(i) for i in ids]
+    assert len(granted) == 14
+    assert {a for _t, a in granted} == {1}
+    _spread([t for t, _a in granted], 3, 10.0)
+    deferrals = [sum(1 for a in log if a.outcome == "handed-back") for log in logs]
+    assert sorted(deferrals) == [0] * 3 + [1] * 11
+    times = sorted(t for t, _a in granted)
+    assert times[-1] - times[0] == pytest.approx(40.0)  # 14 at 3 per 10 s: four more windows
+
+
 async def test_keys_split_one_budget(autojump_clock: Any) -> None:
     limiter = rate_limiter("per-account", limit=1, per="1m")
     seen: list[tuple[str, float]] = []

@@ -18,7 +18,17 @@ from typing import Any
 import pytest
 import trio
 
-from trio_jobs import ErrorCode, JobsError, open_jobs, rate_limiter
+from trio_jobs import (
+    ErrorCode,
+    JobContext,
+    JobsError,
+    Retry,
+    Worker,
+    job,
+    open_jobs,
+    purge_expired,
+    rate_limiter,
+)
 from trio_jobs.drivers.postgres import postgres_driver
 
 from .conftest import FakeClock, sql
@@ -28,6 +38,7 @@ from .test_processes import dsn as dsn  # the fixture: the test's migrated schem
 pytestmark = [pytest.mark.postgres]
 
 rate_jobs = importlib.import_module("rate_jobs")
+Send = rate_jobs.Send
 
 
 class RateProcs(Procs):
@@ -82,6 +93,79 @@ async def test_the_store_is_shared_and_a_refusal_says_when(
     assert rows == [("pg.vendor", "", 2)]
 
 
+async def test_the_retention_sweep_purges_passed_windows_and_keeps_the_current_one(
+    pg_dsn: str, pg_schema: str, clock: FakeClock
+) -> None:
+    """A row whose last grant left its window and whose queue has passed holds
+    nothing: the retention purge (the statement it runs anyway) deletes it. A
+    row still counting grants, or promising places ahead, stays untouched."""
+    old = rate_limiter("pg.old", limit=2, per="10s")
+    queued = rate_limiter("pg.queued", limit=1, per="10s")
+    current = rate_limiter("pg.current", limit=3, per="1m")
+    driver = postgres_driver(pg_dsn, schema=pg_schema, clock=clock)
+    async with open_jobs(driver):
+        await old.acquire()
+        await old.acquire(key="acct")
+        await queued.acquire()
+        for _ in range(3):  # three places promised: 10, 20 and 30 s from now
+            with pytest.raises(JobsError):
+                await queued.acquire()
+        clock.advance(15.0)  # the 10 s windows have passed; the queue has not
+        await current.acquire()
+        await current.acquire()
+        before = sql(
+            pg_dsn, pg_schema, "SELECT * FROM trio_jobs_rate_limits WHERE name = 'pg.current'"
+        )
+        result = await purge_expired(driver)
+        assert result.removed == 0  # no job rows: the count is the jobs'
+        left = sql(pg_dsn, pg_schema, "SELECT name, key FROM trio_jobs_rate_limits ORDER BY 1, 2")
+        assert left == [("pg.current", ""), ("pg.queued", "")]
+        after = sql(
+            pg_dsn, pg_schema, "SELECT * FROM trio_jobs_rate_limits WHERE name = 'pg.current'"
+        )
+        assert after == before  # the current window's count and queue untouched
+        # the current window still counts its two grants: one more, then refused
+        await current.acquire()
+        with pytest.raises(JobsError):
+            await current.acquire()
+        clock.advance(16.0)  # the last place (30 s after the refusals) has passed
+        await purge_expired(driver)
+        left = sql(pg_dsn, pg_schema, "SELECT name FROM trio_jobs_rate_limits")
+        assert left == [("pg.current",)]
+        # a purged window starts afresh: the budget is whole again
+        await old.acquire()
+        await old.acquire()
+    rows = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT cardinality(hits) FROM trio_jobs_rate_limits WHERE name = 'pg.old'",
+    )
+    assert rows == [(2,)]
+
+
+async def test_a_row_from_before_0010_is_kept_until_its_next_acquisition(
+    pg_dsn: str, pg_schema: str, clock: FakeClock
+) -> None:
+    limiter = rate_limiter("pg.legacy", limit=1, per="10s")
+    driver = postgres_driver(pg_dsn, schema=pg_schema, clock=clock)
+    async with open_jobs(driver):
+        sql(
+            pg_dsn,
+            pg_schema,
+            "INSERT INTO trio_jobs_rate_limits (name, key, hits, granted, at) "
+            "VALUES ('pg.legacy', '', ARRAY[%s::float8], true, %s)",
+            (clock.now() - 3600, clock.now() - 3600),
+        )
+        await purge_expired(driver)
+        assert sql(pg_dsn, pg_schema, "SELECT expires_at FROM trio_jobs_rate_limits") == [
+            (float("inf"),)
+        ]
+        await limiter.acquire()  # the old hit left long ago: granted, and the row says its window
+        clock.advance(10.0)
+        await purge_expired(driver)
+    assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_rate_limits") == [(0,)]
+
+
 async def test_a_closed_driver_refuses_with_driver_unavailable(pg_dsn: str, pg_schema: str) -> None:
     driver = postgres_driver(pg_dsn, schema=pg_schema)
     await driver.open()
@@ -90,6 +174,57 @@ async def test_a_closed_driver_refuses_with_driver_unavailable(pg_dsn: str, pg_s
     with pytest.raises(JobsError) as caught:
         await driver.rate_limits.acquire("pg.closed", "", 1, 1.0)
     assert caught.value.code == ErrorCode.X_DRIVER_UNAVAILABLE
+
+
+@pytest.mark.slow
+async def test_a_backlog_over_the_budget_runs_spread_and_never_over_it(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """N runs over a budget of k per window, served by two workers on the
+    database's clock: never more than k granted in any window (read from the
+    store's own instants), every run started on its first attempt, and the
+    refused spread over the windows to come rather than all due at the first
+    freed slot."""
+    limiter = rate_limiter("pg.spread", limit=3, per="2s")
+    started: list[int] = []
+
+    @job(input=Send, tenant="none", idempotency_key=lambda s: s.key, retry=Retry(attempts=1))
+    async def metered(ctx: JobContext[Send]) -> None:
+        await limiter.acquire()
+        started.append(ctx.attempt)
+
+    seen: set[float] = set()
+
+    def read_hits() -> None:
+        for (hits,) in sql(pg_dsn, pg_schema, "SELECT hits FROM trio_jobs_rate_limits"):
+            seen.update(hits)
+
+    driver = postgres_driver(pg_dsn, schema=pg_schema)
+    async with open_jobs(driver, jobs=[metered]) as jobs:
+        ids = [e.id for e in await metered.enqueue_many([Send(f"k{i}") for i in range(10)])]
+        workers = [Worker(jobs, concurrency=4, poll_interval="50ms") for _ in range(2)]
+        async with trio.open_nursery() as nursery:
+            for worker in workers:
+                await nursery.start(worker.run)
+            with trio.fail_after(60):
+                while len(started) < 10:
+                    await trio.to_thread.run_sync(read_hits)
+                    await trio.sleep(0.25)  # a quarter of the window: no grant is missed
+            await trio.to_thread.run_sync(read_hits)
+            for worker in workers:
+                nursery.start_soon(worker.drain)
+        views = [await jobs.show(i) for i in ids]
+        logs = [await driver.attempt_log(i) for i in ids]
+    assert {(v.state, v.attempts) for v in views} == {("done", 1)}
+    assert started == [1] * 10
+    hits = sorted(seen)
+    assert len(hits) == 10
+    for i in range(len(hits) - 3):
+        assert hits[i + 3] - hits[i] >= 2.0 - 1e-6  # at most 3 in any 2 s
+    deferred = [log for log in logs if any(a.outcome == "handed-back" for a in log)]
+    assert len(deferred) >= 7  # the 7 that did not fit the first window waited uncounted
+    for log in logs:
+        assert {a.attempt for a in log} == {1}
 
 
 # --------------------------------------------------------------------------- real processes

@@ -37,6 +37,7 @@ async def test_two_drivers_on_one_server_share_one_budget(
     """Two drivers are two processes' views of the server: one budget."""
     limiter = rate_limiter("redis.vendor", limit=5, per="1h")
     granted = {"a": 0, "b": 0}
+    waits: list[float] = []
 
     async def hammer(who: str) -> None:
         async with open_jobs(redis_driver(redis_url, prefix=redis_prefix)) as jobs:
@@ -48,12 +49,21 @@ async def test_two_drivers_on_one_server_share_one_budget(
                     granted[who] += 1
                 except JobsError as exc:
                     assert exc.code == ErrorCode.X_RATE_LIMITED
-                    assert 3500 < exc.meta["retry_after_seconds"] <= 3600
+                    waits.append(exc.meta["retry_after_seconds"])
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hammer, "a")
         nursery.start_soon(hammer, "b")
     assert sum(granted.values()) == 5
+    # the 11 refused queue over the hours to come, 5 an hour: none before the
+    # first grant leaves, at most 5 told to come back in any one hour
+    assert len(waits) == 11
+    waits.sort()
+    assert waits[0] > 3500
+    assert all(
+        later - earlier >= 3600 - 1 for earlier, later in zip(waits, waits[5:], strict=False)
+    )
+    assert waits[-1] > 2 * 3600
 
 
 async def test_a_window_key_expires_once_its_window_would_empty(driver: RedisDriver) -> None:
@@ -62,6 +72,22 @@ async def test_a_window_key_expires_once_its_window_would_empty(driver: RedisDri
     keys = [k async for k in driver.client.scan_iter(match=f"{driver.prefix}:rate:*")]
     window = f"{driver.prefix}:rate:9:redis.ttl:acct"
     assert window in keys
+    assert 0 < await driver.client.pttl(window) <= 3000
+
+
+async def test_the_queue_key_expires_once_its_last_promise_has_passed(
+    driver: RedisDriver,
+) -> None:
+    assert driver.rate_limits is not None
+    assert (await driver.rate_limits.acquire("redis.q", "acct", 1, 2.0)).granted
+    waits = [
+        (await driver.rate_limits.acquire("redis.q", "acct", 1, 2.0)).retry_after for _ in range(3)
+    ]
+    assert waits == pytest.approx([2.0, 4.0, 6.0], abs=0.05)  # one place per window
+    queue = f"{driver.prefix}:rateq:7:redis.q:acct"
+    window = f"{driver.prefix}:rate:7:redis.q:acct"
+    # the queue outlives the window: a second after its last promise
+    assert 6000 < await driver.client.pttl(queue) <= 7000
     assert 0 < await driver.client.pttl(window) <= 3000
 
 

@@ -73,6 +73,7 @@ from .._protocol import (
 )
 from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
+from .._window import exact_wait
 from ._backfills import PgBackfills
 from ._bridge import Database, Pool, Row, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
@@ -993,7 +994,14 @@ class _PgRateLimits:
 
     async def acquire(self, name: str, key: str, limit: int, per: float) -> RateGrant:
         rows = await self._d._fetch(
-            "rate_acquire", {"name": name, "key": key, "limit": int(limit), "per": float(per)}
+            "rate_acquire",
+            {
+                "name": name,
+                "key": key,
+                "limit": int(limit),
+                "per": float(per),
+                "exact": exact_wait(limit, per),
+            },
         )
         granted, wait = rows[0]
         return RateGrant(True) if granted else RateGrant(False, float(wait))

@@ -56,6 +56,7 @@ from .._protocol import (
     nack_outcome,
 )
 from .._service import ServiceTasks
+from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
 from ._tasks import RedisTasks
@@ -916,7 +917,8 @@ class _RedisRateLimits:
 
     async def acquire(self, name: str, key: str, limit: int, per: float) -> RateGrant:
         granted, wait = await self._d._script(
-            "rate_acquire", [name, key, str(int(limit)), repr(float(per))]
+            "rate_acquire",
+            [name, key, str(int(limit)), repr(float(per)), repr(exact_wait(limit, per))],
         )
         return RateGrant(True) if int(granted) else RateGrant(False, float(_s(wait)))
 

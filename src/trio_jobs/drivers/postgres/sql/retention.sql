@@ -9,6 +9,13 @@
 -- so a row moved back to live between the pick and the delete stays. SKIP
 -- LOCKED never waits for a row, so the purge needs no lock order; the step and
 -- lease rows it deletes belong to rows it holds.
+-- The same statement deletes up to `limit` rate-limit rows that hold nothing
+-- any more (0010: `expires_at` passed on the database's clock: the last grant
+-- left its window and the last promise of its queue passed), so the sweep costs
+-- no statement of its own. An acquirer holding the row keeps it (SKIP LOCKED),
+-- and the DELETE tests `expires_at` again on the row it locked: one an
+-- acquisition renewed meanwhile stays. (The rest of a longer list goes at the
+-- next sweep.)
 WITH doomed AS (
     SELECT j.id FROM trio_jobs_jobs j
     WHERE j.state IN ('done', 'failed', 'dead', 'cancelled')
@@ -28,5 +35,15 @@ steps AS (
 ),
 leases AS (
     DELETE FROM trio_jobs_leases s USING gone g WHERE s.job_id = g.id
+),
+stale_rates AS (
+    SELECT x.name, x.key FROM trio_jobs_rate_limits x
+    WHERE x.expires_at <= trio_jobs_now(%(now)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+rates AS (
+    DELETE FROM trio_jobs_rate_limits x USING stale_rates s
+    WHERE x.name = s.name AND x.key = s.key AND x.expires_at <= trio_jobs_now(%(now)s)
 )
 SELECT count(*) FROM gone;

@@ -245,6 +245,14 @@ CREATE TABLE trio_jobs_rate_limits (
     -- the last decision: granted or not, and when
     granted boolean NOT NULL,
     at      float8 NOT NULL,
+    -- the queue of the refused (0010): the window's grants when it opened, and
+    -- how many places it has promised
+    base        float8[] NOT NULL DEFAULT '{}',
+    queued      bigint NOT NULL DEFAULT 0,
+    -- the last decision's answer: the seconds until the refused one's turn
+    retry_after float8 NOT NULL DEFAULT 0,
+    -- when the row holds nothing the limiter needs: the retention purge's cut
+    expires_at  float8 NOT NULL DEFAULT 'Infinity',
     PRIMARY KEY (name, key)
 );
 

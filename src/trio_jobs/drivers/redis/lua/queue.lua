@@ -1064,15 +1064,22 @@ return n
 -- granted in any ARGV[A + 3] seconds. The window is a sorted set of the grants'
 -- instants (the server's clock); those that left it are dropped first. Under the
 -- limit, the grant is recorded and the key expires a second after its window
--- would empty; at it, nothing is recorded and the answer is the seconds until
--- the grant that must leave the window leaves it (at least 1 ms). The name's
--- length leads the key, so no name and key join into another pair's key.
--- Answers {1, '0'} or {0, '<seconds>'}.
+-- would empty. At it, nothing is recorded and the answer is the seconds until
+-- this one's turn (at least 1 ms), the rule of drivers/_window.py: the wait
+-- until the grant that must leave the window leaves, when that is at most
+-- ARGV[A + 4] seconds; else a place in the queue of the refused, a hash
+-- (base: the window's grants when it opened; queued: places promised) that
+-- expires a second after its last promise. Place n comes back at
+-- base[n % limit] + per * (1 + n / limit); the first refusal after the last
+-- promise passed opens a new queue. The name's length leads the keys, so no
+-- name and key join into another pair's keys. Answers {1, '0'} or {0, '<seconds>'}.
 fault = first(need(ARGV[A], 'the limiter name'), need_str(ARGV[A + 1], 'the key'),
-  need_whole(ARGV[A + 2], 'the limit', 1), need_positive(ARGV[A + 3], 'the window'))
+  need_whole(ARGV[A + 2], 'the limit', 1), need_positive(ARGV[A + 3], 'the window'),
+  need_positive(ARGV[A + 4], 'the exact wait'))
 if fault then return refuse('X_INVARIANT', fault) end
 local name, limit, per = ARGV[A], tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3])
-local rk = P .. ':rate:' .. string.len(name) .. ':' .. name .. ':' .. ARGV[A + 1]
+local pair = string.len(name) .. ':' .. name .. ':' .. ARGV[A + 1]
+local rk = P .. ':rate:' .. pair
 redis.call('ZREMRANGEBYSCORE', rk, '-inf', fmt(NOW - per))
 local n = redis.call('ZCARD', rk)
 if n < limit then
@@ -1082,7 +1089,32 @@ if n < limit then
   return {1, '0'}
 end
 local leaving = redis.call('ZRANGE', rk, n - limit, n - limit, 'WITHSCORES')
-return {0, fmt(math.max(0.001, tonumber(leaving[2]) + per - NOW))}
+local wait = tonumber(leaving[2]) + per - NOW
+if wait <= tonumber(ARGV[A + 4]) then return {0, fmt(math.max(0.001, wait))} end
+local qk = P .. ':rateq:' .. pair
+local q = redis.call('HMGET', qk, 'base', 'queued')
+local base = {}
+for x in string.gmatch(q[1] or '', '[^ ]+') do base[#base + 1] = tonumber(x) end
+local queued = tonumber(q[2] or '0') or 0
+local function promise(i)
+  return base[(i % limit) + 1] + per * (1 + math.floor(i / limit))
+end
+if queued == 0 or #base ~= limit or promise(queued - 1) <= NOW then
+  -- no queue ahead (or another limit's): open one on this window
+  local scores = redis.call('ZRANGE', rk, n - limit, n - 1, 'WITHSCORES')
+  base = {}
+  local text = {}
+  for i = 2, #scores, 2 do
+    base[#base + 1] = tonumber(scores[i])
+    text[#text + 1] = scores[i]
+  end
+  queued = 0
+  redis.call('HSET', qk, 'base', table.concat(text, ' '))
+end
+local at = promise(queued)
+redis.call('HSET', qk, 'queued', queued + 1)
+redis.call('PEXPIRE', qk, math.ceil((at - NOW) * 1000) + 1000)
+return {0, fmt(math.max(0.001, at - NOW))}
 
 -- name: counters
 -- Minute buckets at or after ARGV[A + 1] for job ARGV[A] ('' for every job).
