@@ -134,11 +134,14 @@ Every subcommand takes `--json` and `--database-url DSN` anywhere after its name
   keys print as `[redacted]` (the error stays visible). A row that does not say (enqueued
   before schema version 3) is treated as sensitive.
 - **`VIEW`**, in the JSON shapes below, is one job: the fields of `JobView`, in its
-  order, then two the CLI derives. Times are epoch seconds; `progress` is
+  order, then three the CLI derives. Times are epoch seconds; `progress` is
   `{"done", "total", "note"}` or `null`; `steps` is a list of
   `{"name", "status", "executions", "output", "error"}` in the order first recorded;
   `next_retry` is `run_at` while the job is ready or delayed, else `null`; `redacted` says
-  whether a sensitive row's values were hidden:
+  whether a sensitive row's values were hidden; `backfill` is a `backfill()` pass's
+  ledger row as `trio-jobs backfills` prints it (`{"name", "job_id", "pages", "items",
+  "cursor", "started_at", "finished_at"}`: its pages, items and cursor so far; the cursor
+  `[redacted]` for a sensitive job), `null` for any other job:
 
   ```
   {view}

@@ -246,7 +246,9 @@ def test_show_gives_every_jobview_field_and_redacts_a_sensitive_job(world: World
     )
     view = done.json
     jobview_fields = [f.name for f in attrs.fields(JobView)]
-    assert list(view) == [*jobview_fields, "next_retry", "redacted"] == list(VIEW_FIELDS)
+    assert (
+        list(view) == [*jobview_fields, "next_retry", "redacted", "backfill"] == list(VIEW_FIELDS)
+    )
     assert (view["state"], view["attempts"], view["max_attempts"]) == ("done", 1, 3)
     assert view["tenant_id"] == "org-a"
     assert view["idempotency_key"] == "welcome:ada0"

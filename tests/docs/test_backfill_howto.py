@@ -1,6 +1,7 @@
 """docs/how-to/backfill.md on PostgreSQL: the page's backfill lowercases a real
 ``users`` table with a worker, ``how_far`` reads the ledger, and
-``trio-jobs backfills --json`` prints what the page shows (ids and times aside).
+``trio-jobs backfills --json`` and ``trio-jobs show ID --json`` print what the
+page shows (ids and times aside).
 The page's own ``test_*`` functions (memory) run in test_tutorials.py."""
 
 from __future__ import annotations
@@ -87,3 +88,17 @@ def test_the_pages_backfill_lowercases_a_real_table_and_the_cli_prints_its_ledge
         row.pop(varies)
         want.pop(varies)
     assert row == want
+
+    # the job's own view carries the same row under "backfill"
+    one = output_after(PAGE, ".venv/bin/trio-jobs show 0195f0c2 --json | jq .backfill")
+    assert one is not None
+    view = CliRunner().invoke(main, ["show", job_id, "--json", "--database-url", schema_dsn])
+    assert view.exit_code == 0, view.output
+    got_row, want_row = orjson.loads(view.output)["backfill"], orjson.loads(one.source)
+    assert got_row["job_id"] == job_id
+    for varies in ("job_id", "started_at", "finished_at"):
+        got_row.pop(varies)
+        want_row.pop(varies)
+    assert got_row == want_row
+    text = CliRunner().invoke(main, ["show", job_id, "--database-url", schema_dsn])
+    assert "3 page(s), 1200 item(s) handled; done" in text.output

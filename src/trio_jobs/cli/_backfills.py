@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from ..drivers._backfills import MAX_BACKFILL_ROWS, BackfillRow
 from ._args import check_job_name
 from ._common import common_options, guarded
-from ._operate import _compact, _console, _echo_json, _operate, _table, _text, _when
+from ._operate import (
+    _compact,
+    _console,
+    _echo_json,
+    _operate,
+    _table,
+    _text,
+    _when,
+    backfill_json,
+)
 
 if TYPE_CHECKING:
     from .._facade import Jobs
 
-__all__ = ["backfill_json", "backfills_command"]
-
-
-def backfill_json(row: BackfillRow) -> dict[str, Any]:
-    """One pass as ``--json`` prints it: the fields of :class:`~trio_jobs.BackfillRow`."""
-    return {
-        "name": row.name,
-        "job_id": row.job_id,
-        "pages": row.pages,
-        "items": row.items,
-        "cursor": row.cursor,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-    }
+__all__ = ["backfills_command"]
 
 
 @click.command("backfills")

@@ -29,6 +29,7 @@ import attrs
 import click
 import orjson
 
+from ..drivers._backfills import BackfillRow
 from ..drivers._protocol import (
     ALL_STATES,
     MAX_BULK_ROWS,
@@ -67,7 +68,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["OPERATOR_COMMANDS", "REDACTED", "VIEW_FIELDS", "page_json", "view_json"]
+__all__ = [
+    "OPERATOR_COMMANDS",
+    "REDACTED",
+    "VIEW_FIELDS",
+    "backfill_json",
+    "ledger_rows",
+    "page_json",
+    "view_json",
+]
 
 #: What a sensitive job's payload, result, step outputs and keys print as.
 REDACTED = "[redacted]"
@@ -101,6 +110,7 @@ VIEW_FIELDS: tuple[str, ...] = (
     # derived
     "next_retry",
     "redacted",
+    "backfill",
 )
 
 _WAITING = ("ready", "delayed")
@@ -116,10 +126,34 @@ def redacts(view: JobView) -> bool:
     return view.sensitive is not False
 
 
-def view_json(view: JobView) -> dict[str, Any]:
+def backfill_json(row: BackfillRow, *, hide: bool = False) -> dict[str, Any]:
+    """One pass as ``--json`` prints it: the fields of :class:`~trio_jobs.BackfillRow`
+    (``hide``: a sensitive job's cursor redacted)."""
+    return {
+        "name": row.name,
+        "job_id": row.job_id,
+        "pages": row.pages,
+        "items": row.items,
+        "cursor": REDACTED if hide and row.cursor is not None else row.cursor,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+    }
+
+
+async def ledger_rows(jobs: Jobs, views: Sequence[JobView]) -> dict[str, BackfillRow]:
+    """The backfill ledger's rows of the passes among ``views``, by job id, in
+    one round trip (none without a ledger or a view)."""
+    ledger = jobs.driver.backfills
+    if ledger is None or not views:
+        return {}
+    return {r.job_id: r for r in await ledger.rows([v.id for v in views])}
+
+
+def view_json(view: JobView, backfill: BackfillRow | None = None) -> dict[str, Any]:
     """``show --json``: the :class:`JobView` fields, a sensitive row's values
     redacted, plus ``next_retry`` (``run_at`` while ready or delayed, else
-    ``null``) and ``redacted``."""
+    ``null``), ``redacted``, and ``backfill``: the pass's ledger row when the
+    job is a ``backfill()`` pass (see :func:`ledger_rows`), else ``null``."""
     hide = redacts(view)
 
     def value(v: Any) -> Any:
@@ -171,12 +205,19 @@ def view_json(view: JobView) -> dict[str, Any]:
         ],
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
+        "backfill": None if backfill is None else backfill_json(backfill, hide=hide),
     }
 
 
-def page_json(page: JobPage) -> dict[str, Any]:
-    """``list --json``: ``{"rows": [...], "after": ..., "before": ...}``."""
-    return {"rows": [view_json(v) for v in page.rows], "after": page.after, "before": page.before}
+def page_json(page: JobPage, ledger: dict[str, BackfillRow] | None = None) -> dict[str, Any]:
+    """``list --json``: ``{"rows": [...], "after": ..., "before": ...}``; each
+    row carries its pass's ledger row (``ledger``, by job id) under ``backfill``."""
+    found = ledger or {}
+    return {
+        "rows": [view_json(v, found.get(v.id)) for v in page.rows],
+        "after": page.after,
+        "before": page.before,
+    }
 
 
 def stats_json(stats: Sequence[QueueStats], paused: Sequence[str]) -> dict[str, Any]:
@@ -455,6 +496,10 @@ def _print_view(v: dict[str, Any], now: float) -> None:
         pct = f" ({100 * p['done'] / p['total']:.0f}%)" if p["total"] else ""
         note = f" {p['note']}" if p["note"] else ""
         rows.append(("progress", f"{p['done']:g} / {p['total']:g}{pct}{note}"))
+    b = v["backfill"]
+    if b is not None:
+        at = "done" if b["finished_at"] is not None else f"next page at {_compact(b['cursor'])}"
+        rows.append(("backfill", f"{b['pages']} page(s), {b['items']} item(s) handled; {at}"))
     if v["state"] in ("dead", "failed"):
         rows.append(("dead-letter reason", _reason(v)))
     elif v["error_code"] or v["last_error"]:
@@ -662,7 +707,7 @@ def list_command(
     start = parse_moment(created_from, "--created-from")
     end = parse_moment(created_to, "--created-to")
 
-    async def go(jobs: Jobs) -> tuple[JobPage, float]:
+    async def go(jobs: Jobs) -> tuple[JobPage, dict[str, BackfillRow], float]:
         now = float(jobs.driver.now())
         page = await jobs.list(
             queue=queue,
@@ -676,10 +721,11 @@ def list_command(
             after=after,
             before=before,
         )
-        return page, now
+        ledger = await ledger_rows(jobs, page.rows) if as_json else {}
+        return page, ledger, now
 
-    page, now = _operate(go, database_url, as_json)
-    body = page_json(page)
+    page, ledger, now = _operate(go, database_url, as_json)
+    body = page_json(page, ledger)
     if as_json:
         _echo_json(body)
         return
@@ -704,11 +750,13 @@ def show_command(job_id: str, as_json: bool, database_url: str | None) -> None:
     """
     check_id(job_id)
 
-    async def go(jobs: Jobs) -> tuple[JobView, float]:
-        return await jobs.show(job_id), float(jobs.driver.now())
+    async def go(jobs: Jobs) -> tuple[JobView, BackfillRow | None, float]:
+        view = await jobs.show(job_id)
+        row = (await ledger_rows(jobs, [view])).get(view.id)
+        return view, row, float(jobs.driver.now())
 
-    view, now = _operate(go, database_url, as_json)
-    body = view_json(view)
+    view, row, now = _operate(go, database_url, as_json)
+    body = view_json(view, row)
     if as_json:
         _echo_json(body)
     else:

@@ -13,6 +13,7 @@ declares ``backfills = None``: its passes run with no bookkeeping.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -74,4 +75,11 @@ class BackfillLedger(Protocol):
         """The newest ``limit`` rows (1 to :data:`MAX_BACKFILL_ROWS`), newest
         first (by ``started_at``, then by job id, descending); of backfill
         ``name`` only, when given."""
+        ...
+
+    async def rows(self, job_ids: Sequence[str]) -> builtins.list[BackfillRow]:
+        """The rows of the passes ``job_ids`` (at most :data:`MAX_BACKFILL_ROWS`
+        ids), in one round trip: one per id the ledger holds (an id it does not
+        hold, a job that is no backfill, is left out), in no order.
+        ``trio-jobs show`` and ``list`` read a job's row with it."""
         ...

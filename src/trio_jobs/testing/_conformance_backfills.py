@@ -144,3 +144,21 @@ class BackfillConformance:
         for job in jobs:
             await ledger.record(BackfillPage(job, "bf", 0, 0))
         assert [r.job_id for r in await ledger.list(None, 10)] == jobs[::-1]
+
+    async def test_backfill_rows_of_given_passes_answer_those_the_ledger_holds(
+        self, target: Target
+    ) -> None:
+        ledger = _ledger(target)
+        one, two, absent = _id(), _id(), _id()
+        await ledger.record(BackfillPage(one, "bf", 2, 7, {"after": 7}))
+        await target.advance(1)
+        await ledger.record(BackfillPage(two, "bf", 1, 3, None, True))
+        listed = {r.job_id: r for r in await ledger.list(None, 10)}
+        got = await ledger.rows([two, absent, one, "not-a-uuid", one])
+        assert sorted(got, key=lambda r: r.job_id) == sorted(
+            listed.values(), key=lambda r: r.job_id
+        )
+        assert await ledger.rows([]) == []
+        assert await ledger.rows([absent]) == []
+        [row] = await ledger.rows([one])
+        assert (row.name, row.pages, row.items, row.cursor) == ("bf", 2, 7, {"after": 7})

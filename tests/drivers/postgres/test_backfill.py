@@ -99,6 +99,17 @@ def test_a_pass_pages_an_app_table_and_keeps_its_ledger(
     none = CliRunner().invoke(main, ["backfills", "--name", "nope", "--database-url", dsn])
     assert none.output.strip() == "no backfill pass of nope"
 
+    # the job's own views carry its ledger row under "backfill"
+    ledger_row = orjson.loads(out.output)["backfills"][0]
+    shown = CliRunner().invoke(main, ["show", job_id, "--json", "--database-url", dsn])
+    assert shown.exit_code == 0, shown.output
+    assert orjson.loads(shown.output)["backfill"] == ledger_row
+    listed = CliRunner().invoke(main, ["list", "--json", "--database-url", dsn])
+    assert listed.exit_code == 0, listed.output
+    assert [r["backfill"] for r in orjson.loads(listed.output)["rows"]] == [ledger_row]
+    plain = CliRunner().invoke(main, ["show", job_id, "--database-url", dsn])
+    assert "5 page(s), 12 item(s) handled; done" in plain.output
+
 
 def test_the_backfills_command_refuses_a_bad_limit_before_any_io() -> None:
     url = "postgresql://nobody@127.0.0.1:1/none"
@@ -131,6 +142,17 @@ def test_sigkill_mid_page_resumes_at_that_page_in_a_fresh_process(
         first.wait(5)
         # pages 1 and 2 are checkpointed; page 3 was handled, never checkpointed
         assert ledger(pg_dsn, pg_schema) == [("proc.copy-rows", 2, 6, "6", False)]
+        # the pass in flight, as the operator sees it: its rows so far and cursor
+        in_flight = {"pages": 2, "items": 6, "cursor": 6, "finished_at": None}
+        shown = CliRunner().invoke(main, ["show", job_id, "--json", "--database-url", dsn])
+        assert shown.exit_code == 0, shown.output
+        row = orjson.loads(shown.output)["backfill"]
+        assert {k: row[k] for k in in_flight} == in_flight
+        assert (row["name"], row["job_id"]) == ("proc.copy-rows", job_id)
+        listed = CliRunner().invoke(main, ["list", "--json", "--database-url", dsn])
+        [listed_row] = orjson.loads(listed.output)["rows"]
+        assert listed_row["state"] == "running"
+        assert listed_row["backfill"] == row
         steps = sql(
             pg_dsn,
             pg_schema,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -52,3 +52,8 @@ class MemoryBackfills:
         rows = [r for r in self._rows.values() if name is None or r.name == name]
         rows.sort(key=lambda r: (r.started_at, r.job_id), reverse=True)
         return [attrs.evolve(r, cursor=copy.deepcopy(r.cursor)) for r in rows[:limit]]
+
+    async def rows(self, job_ids: Sequence[str]) -> builtins.list[BackfillRow]:
+        self._check_open()
+        found = (self._rows.get(i) for i in dict.fromkeys(job_ids))
+        return [attrs.evolve(r, cursor=copy.deepcopy(r.cursor)) for r in found if r is not None]

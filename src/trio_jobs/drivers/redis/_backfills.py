@@ -5,6 +5,7 @@ passes by start, written and read by one script each (``backfill_record``,
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._serialization import dumps, loads
@@ -41,18 +42,24 @@ class RedisBackfills:
 
     async def list(self, name: str | None, limit: int) -> builtins.list[BackfillRow]:
         reply = await self._d._script("backfill_list", [name or "", str(int(limit))])
-        rows = []
-        for job_id, row_name, pages, items, cursor, started, finished in reply:
-            finished_at = _text(finished)
-            rows.append(
-                BackfillRow(
-                    name=_text(row_name),
-                    job_id=_text(job_id),
-                    pages=int(_text(pages)),
-                    items=int(_text(items)),
-                    cursor=loads(_text(cursor)),
-                    started_at=float(_text(started)),
-                    finished_at=float(finished_at) if finished_at else None,
-                )
-            )
-        return rows
+        return [_row(r) for r in reply]
+
+    async def rows(self, job_ids: Sequence[str]) -> builtins.list[BackfillRow]:
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return []
+        return [_row(r) for r in await self._d._script("backfill_rows", ids)]
+
+
+def _row(reply: Any) -> BackfillRow:
+    job_id, row_name, pages, items, cursor, started, finished = reply
+    finished_at = _text(finished)
+    return BackfillRow(
+        name=_text(row_name),
+        job_id=_text(job_id),
+        pages=int(_text(pages)),
+        items=int(_text(items)),
+        cursor=loads(_text(cursor)),
+        started_at=float(_text(started)),
+        finished_at=float(finished_at) if finished_at else None,
+    )

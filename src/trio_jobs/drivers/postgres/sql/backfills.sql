@@ -24,3 +24,9 @@ FROM trio_jobs_backfills
 WHERE %(name)s::text IS NULL OR name = %(name)s
 ORDER BY started_at DESC, job_id DESC
 LIMIT %(limit)s;
+
+-- name: backfill_rows
+-- The rows of the passes `ids` (job ids; those the ledger holds).
+SELECT name, job_id::text, pages, items, cursor, started_at, finished_at
+FROM trio_jobs_backfills
+WHERE job_id = ANY(%(ids)s::uuid[]);

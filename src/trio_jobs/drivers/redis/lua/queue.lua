@@ -1000,6 +1000,17 @@ while #out < limit do
 end
 return out
 
+-- name: backfill_rows
+-- The rows of the passes ARGV[A..] (job ids; those the ledger holds), each as
+-- backfill_list answers it.
+local out = {}
+for i = A, #ARGV do
+  local h = redis.call('HMGET', P .. ':bf:' .. ARGV[i],
+    'name', 'pages', 'items', 'cursor', 'started_at', 'finished_at')
+  if h[1] then out[#out + 1] = {ARGV[i], h[1], h[2], h[3], h[4], h[5], h[6] or ''} end
+end
+return out
+
 -- name: lease_acquire
 -- Take a free slot of `key` (one not held, or whose holder's lease expired), or
 -- keep the one this fence already holds. Answers {slot or -1, own}. Fenced
