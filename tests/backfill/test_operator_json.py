@@ -28,6 +28,19 @@ def _source(input: Size, cursor: Any) -> tuple[list[int], Any]:
     return found, (found[-1] if found and found[-1] < 9 else None)
 
 
+def held_at(first_id: int) -> tuple[Any, trio.Event, trio.Event]:
+    """A handler that holds the pass in flight at the page starting at
+    ``first_id`` until ``gate`` is set (``reached`` says it got there)."""
+    gate, reached = trio.Event(), trio.Event()
+
+    async def handle(items: list[int], _input: Size) -> None:
+        if items[0] == first_id:
+            reached.set()
+            await gate.wait()
+
+    return handle, gate, reached
+
+
 @job(input=Item, idempotency_key=lambda i: i.key, name="plain")
 async def plain(ctx: JobContext[Item]) -> None:
     return None
@@ -36,12 +49,7 @@ async def plain(ctx: JobContext[Item]) -> None:
 async def test_show_and_list_json_carry_the_ledger_row_of_a_pass_in_flight(
     autojump_clock: Any,
 ) -> None:
-    gate, reached = trio.Event(), trio.Event()
-
-    async def handle(items: list[int], _input: Size) -> None:
-        if items[0] == 7:  # page 3: hold the pass in flight
-            reached.set()
-            await gate.wait()
+    handle, gate, reached = held_at(7)  # page 3
 
     pass_ = backfill(
         name="nine", input=Size, idempotency_key=lambda _: "nine", source=_source, handle=handle
@@ -91,12 +99,7 @@ async def test_show_and_list_json_carry_the_ledger_row_of_a_pass_in_flight(
 async def test_a_sensitive_pass_shows_its_counts_and_hides_its_cursor(
     autojump_clock: Any,
 ) -> None:
-    gate, reached = trio.Event(), trio.Event()
-
-    async def handle(items: list[int], _input: Size) -> None:
-        if items[0] == 4:  # page 2: hold the pass in flight
-            reached.set()
-            await gate.wait()
+    handle, gate, reached = held_at(4)  # page 2
 
     secret = backfill(
         name="secret", input=Size, idempotency_key=lambda _: "secret", source=_source, handle=handle

@@ -74,19 +74,7 @@ async def test_the_harness_runs_a_backlog_within_the_budget(autojump_clock: Any)
     assert times[-1] - times[0] >= 30.0  # 7 at 2 per 10 s need three more windows
 
 
-async def test_a_real_worker_spends_the_budget_per_window(autojump_clock: Any) -> None:
-    metered, granted = metered_job(3, "10s")
-    async with jobs_on_memory([metered]) as (jobs, _driver):
-        ids = [(await metered.enqueue(Item(f"k{i}"))).id for i in range(12)]
-        async with running_worker(jobs, concurrency=8, fleet="single"):
-            for job_id in ids:
-                view = await wait_state(jobs, job_id, "done", "dead", "failed")
-                assert (view.state, view.attempts) == ("done", 1)
-    _spread([t for t, _a in granted], 3, 10.0)
-    assert len(granted) == 12
-
-
-async def test_a_backlog_over_the_budget_is_spread_one_deferral_per_run(
+async def test_a_real_worker_spends_the_budget_per_window_one_deferral_per_run(
     autojump_clock: Any,
 ) -> None:
     """N runs over a budget of k per window: never more than k started in any
