@@ -452,9 +452,7 @@ def test_promote_one_delayed_job(world: World) -> None:
     assert out.code == 0, out
     job_view = out.json["job"]
     assert job_view["state"] == "ready"
-    # due now, not in the hour it was delayed by (the module's world is made
-    # once: on a loaded box this test may run minutes after created_at)
-    assert job_view["next_retry"] == job_view["run_at"] < job_view["created_at"] + 3500
+    assert job_view["next_retry"] == job_view["run_at"] < job_view["created_at"] + 60
     refused(cli(world, "promote", world.reports[2]), "X_INVARIANT")
 
 
