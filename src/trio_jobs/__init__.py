@@ -21,6 +21,15 @@ from ._facade import (
 )
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
+from ._receiver import (
+    DEFAULT_WEBHOOK_BODY_LIMIT,
+    Answer,
+    Inbound,
+    ReceivedWebhook,
+    Verified,
+    verify_body_hmac,
+    webhook_receiver,
+)
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._task import Occurrence, TaskView, next_fire, task
@@ -42,14 +51,17 @@ from .errors import ErrorCode, JobsError, register_error_retry
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "DEFAULT_WEBHOOK_BODY_LIMIT",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
+    "Answer",
     "BackfillRow",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
+    "Inbound",
     "Job",
     "JobContext",
     "JobPage",
@@ -60,6 +72,7 @@ __all__ = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "ReceivedWebhook",
     "Retention",
     "Retry",
     "Settled",
@@ -68,6 +81,7 @@ __all__ = [
     "Steps",
     "TaskView",
     "Transaction",
+    "Verified",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
@@ -88,4 +102,6 @@ __all__ = [
     "run_to_completion",
     "set_job_driver",
     "task",
+    "verify_body_hmac",
+    "webhook_receiver",
 ]

@@ -44,10 +44,13 @@ SRC = Path(trio_jobs.__file__).resolve().parent
 #: ``trio_jobs.drivers``.
 TOP_LEVEL = [
     "Actor",
+    "Answer",
     "BackfillRow",
+    "DEFAULT_WEBHOOK_BODY_LIMIT",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
+    "Inbound",
     "Job",
     "JobContext",
     "JobPage",
@@ -61,6 +64,7 @@ TOP_LEVEL = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "ReceivedWebhook",
     "Retention",
     "Retry",
     "Settled",
@@ -69,6 +73,7 @@ TOP_LEVEL = [
     "Steps",
     "TaskView",
     "Transaction",
+    "Verified",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
@@ -89,6 +94,8 @@ TOP_LEVEL = [
     "run_to_completion",
     "set_job_driver",
     "task",
+    "verify_body_hmac",
+    "webhook_receiver",
 ]
 
 #: The driver seam: the protocol, the records crossing it, its bounds, the drivers.
@@ -178,6 +185,7 @@ WEB = [
     "Dashboard",
     "PrometheusObserver",
     "create_app",
+    "mount_receivers",
     "render_metrics",
     "serve",
     "standalone_app",

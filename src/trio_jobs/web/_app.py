@@ -32,6 +32,7 @@ from ..errors import ErrorCode, JobsError
 from . import _actions, _pages
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._operator import AsOperator
+from ._receivers import ReceiverDoors, receiver_routes
 from ._security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -362,6 +363,12 @@ def create_app(
     attempt history, the step timeline, error, progress and actions), and
     ``/metrics`` (Prometheus).
 
+    Every :func:`~trio_jobs.webhook_receiver` among the facade's jobs gets its
+    door at its ``path`` (under the app's mount): ``POST``, and ``GET`` for its
+    handshake. A receiver is a public door: the ``Host`` check, the auth hook,
+    CSRF and the loopback rule below do not apply to it (its signature is its
+    guard), and the dashboard's own routes answer first where paths overlap.
+
     Access is closed by default: without ``auth`` only loopback clients that
     are not behind a proxy are served (403 otherwise). ``auth(request)`` answers
     (or awaits) ``True`` to serve a request; it then decides who alone.
@@ -389,6 +396,29 @@ def create_app(
         app = Starlette(routes=[Mount("/admin/jobs", create_app(jobs, auth=is_admin,
                                                                 allowed_hosts=["ops.example.com"]))])
     """
+    return build_app(
+        jobs,
+        auth=auth,
+        allowed_hosts=allowed_hosts,
+        secret=secret,
+        registry=registry,
+        reveal_unregistered=reveal_unregistered,
+        receivers=True,
+    )
+
+
+def build_app(
+    jobs: Jobs,
+    *,
+    auth: Auth | None,
+    allowed_hosts: Iterable[str] | None,
+    secret: bytes | None,
+    registry: CollectorRegistry | None,
+    reveal_unregistered: bool,
+    receivers: bool,
+) -> Starlette:
+    """:func:`create_app`, with or without the receivers' doors (``standalone_app``
+    mounts those at the top instead)."""
     dashboard = Dashboard(
         jobs,
         auth=auth,
@@ -397,10 +427,15 @@ def create_app(
         reveal_unregistered=reveal_unregistered,
         allowed_hosts=allowed_hosts,
     )
+    routes = dashboard.routes()
+    doors = receiver_routes(jobs) if receivers else []
+    # The receivers' doors sit outside the Host check (a public door: the
+    # signature is its guard); the dashboard's own routes answer first.
+    outer = [Middleware(ReceiverDoors, routes=doors, shadow=lambda: routes)] if doors else []
     # The operator's view: no ambient actor the mounting app set confines it.
     app = Starlette(
-        routes=dashboard.routes(),
-        middleware=[*dashboard.middleware(), Middleware(AsOperator)],
+        routes=routes,
+        middleware=[*outer, *dashboard.middleware(), Middleware(AsOperator)],
     )
     app.state.dashboard = dashboard
     return app
