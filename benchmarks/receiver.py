@@ -406,12 +406,15 @@ def main(argv: Sequence[str]) -> int:
             # A row per 200, plus at most one per connection still in flight
             # when the load stopped (queued, its answer not counted).
             consistent = all(r["acked"] <= r["rows"] <= r["acked"] + connections for r in results)
+            verdict = "yes" if consistent else "NO"
+            if bare:  # the floor queues nothing
+                verdict = "n/a" if all(r["rows"] == 0 for r in results) else "NO"
             print(
                 f"| {'floor (bare ASGI)' if bare else 'receiver'} | {connections} | "
                 f"**{statistics.median(rates):,.0f}** | {max(rates):,.0f} | "
                 f"{min(rates):,.0f} | {middle['p50_ms']:.1f} | {middle['p99_ms']:.1f} | "
                 f"{middle['max_ms']:.1f} | {middle['cpu_us']:,.0f} | "
-                f"{'yes' if consistent else 'NO'} "
+                f"{verdict} "
                 f"({int(sum(r['rows'] for r in results)):,} rows, "
                 f"{int(sum(r['non2xx'] for r in results))} non-200) |"
             )

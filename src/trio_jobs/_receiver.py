@@ -19,13 +19,13 @@ import base64
 import binascii
 import hashlib
 import hmac
-import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from ._backfill import _call as call
 from ._declare import Concurrency, Job, Retry, job
 from ._enqueue import _MISSING
 from ._time import Duration
@@ -44,6 +44,7 @@ __all__ = [
     "ReceivedWebhook",
     "Verified",
     "WebhookReceiver",
+    "call",
     "event_id_fault",
     "receivers_of",
     "verify_body_hmac",
@@ -472,14 +473,6 @@ def webhook_receiver(
 
 def _event_key(received: ReceivedWebhook) -> str:
     return received.event_id
-
-
-async def call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a sync or async function and answer its value."""
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 def receivers_of(handles: Sequence[Job[Any, Any]]) -> list[WebhookReceiver]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -30,6 +28,7 @@ from starlette.middleware import Middleware
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from pg_schemas import throwaway_schema
 from trio_jobs import (
     Answer,
     ErrorCode,
@@ -131,35 +130,22 @@ def backend(request: pytest.FixtureRequest) -> Any:
 
         yield Backend("memory", open_memory, memory_outage)
         return
-    dsn = os.environ.get("DATABASE_URL")
-    if not dsn:
-        pytest.skip("set DATABASE_URL to run the receivers against PostgreSQL")
-    schema = f"tj_hooks_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
+    with throwaway_schema("tj_hooks") as dsn:
 
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+        def open_pg(handles: Sequence[Any]) -> Any:
+            return open_jobs(postgres_driver(dsn), jobs=list(handles))
 
-    schema_dsn = conninfo_with_schema(dsn, schema)
+        async def pg_outage(down: bool) -> None:
+            # A real failure of the insert: the jobs table is gone while `down`.
+            old, new = ("trio_jobs_jobs", "jobs_away") if down else ("jobs_away", "trio_jobs_jobs")
 
-    def open_pg(handles: Sequence[Any]) -> Any:
-        return open_jobs(postgres_driver(schema_dsn), jobs=list(handles))
+            def rename() -> None:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
 
-    async def pg_outage(down: bool) -> None:
-        # A real failure of the insert: the jobs table is gone while `down`.
-        old, new = ("trio_jobs_jobs", "jobs_away") if down else ("jobs_away", "trio_jobs_jobs")
+            await trio.to_thread.run_sync(rename)
 
-        def rename() -> None:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f'ALTER TABLE "{schema}".{old} RENAME TO {new}')
-
-        await trio.to_thread.run_sync(rename)
-
-    try:
-        yield Backend("postgres", open_pg, pg_outage, schema_dsn)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        yield Backend("postgres", open_pg, pg_outage, dsn)
 
 
 @asynccontextmanager

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -204,23 +205,11 @@ class ReceiverDoor:
             )
             return
         inbound = self._inbound(scope, body)
-        try:
-            verdict = await call(handle.verify, inbound)
-        except Exception as exc:
-            await self._verify_failed(send, exc)
+        verdict = await self._ask(send, handle.verify, inbound, "verify", (Verified, Answer))
+        if verdict is None:
             return
         if isinstance(verdict, Answer):
             await self._answer(send, verdict)
-            return
-        if not isinstance(verdict, Verified):
-            await self._refused(
-                send,
-                500,
-                ErrorCode.X_WEBHOOK_RECEIVER_INVALID,
-                _MESSAGES[ErrorCode.X_WEBHOOK_RECEIVER_INVALID],
-                level=logging.ERROR,
-                cause=f"verify answered a {type(verdict).__name__}, not Verified or Answer",
-            )
             return
         event_id = verdict.event_id
         if event_id_fault(event_id) is not None:
@@ -256,22 +245,38 @@ class ReceiverDoor:
     async def _handshake(self, scope: Scope, send: Send, *, head: bool) -> None:
         handshake = self.handle.handshake
         assert handshake is not None
+        inbound = self._inbound(scope, b"")
+        verdict = await self._ask(send, handshake, inbound, "handshake", (Answer,))
+        if verdict is not None:
+            await self._answer(send, verdict, head=head)
+
+    async def _ask(
+        self,
+        send: Send,
+        fn: Callable[[Inbound], Any],
+        inbound: Inbound,
+        what: str,
+        answers: tuple[type[Any], ...],
+    ) -> Any:
+        """What ``fn(inbound)`` (``verify`` or ``handshake``) answers, when it is
+        one of ``answers``; otherwise the refusal is sent and ``None`` answered."""
         try:
-            verdict = await call(handshake, self._inbound(scope, b""))
+            verdict = await call(fn, inbound)
         except Exception as exc:
             await self._verify_failed(send, exc)
-            return
-        if not isinstance(verdict, Answer):
-            await self._refused(
-                send,
-                500,
-                ErrorCode.X_WEBHOOK_RECEIVER_INVALID,
-                _MESSAGES[ErrorCode.X_WEBHOOK_RECEIVER_INVALID],
-                level=logging.ERROR,
-                cause=f"handshake answered a {type(verdict).__name__}, not an Answer",
-            )
-            return
-        await self._answer(send, verdict, head=head)
+            return None
+        if isinstance(verdict, answers):
+            return verdict
+        await self._refused(
+            send,
+            500,
+            ErrorCode.X_WEBHOOK_RECEIVER_INVALID,
+            _MESSAGES[ErrorCode.X_WEBHOOK_RECEIVER_INVALID],
+            level=logging.ERROR,
+            cause=f"{what} answered a {type(verdict).__name__}, not "
+            + " or ".join(a.__name__ for a in answers),
+        )
+        return None
 
     async def _verify_failed(self, send: Send, exc: Exception) -> None:
         code = exc.code if isinstance(exc, JobsError) else None
