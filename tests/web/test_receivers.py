@@ -626,3 +626,20 @@ async def test_two_receivers_on_one_path_are_refused_when_mounted(backend: Backe
         with pytest.raises(JobsError) as caught:
             mount_receivers(Starlette(), jobs)
         assert caught.value.code == ErrorCode.X_WEBHOOK_RECEIVER_INVALID
+
+
+async def test_a_tenant_read_from_the_path_names_the_rows_org(backend: Backend) -> None:
+    """``tenant`` is a function of the ReceivedWebhook: here the path's account.
+    Dedupe is per tenant, as for any job."""
+    hook = receiver(tenant=lambda received: received.params["account"])
+    async with door(backend, hook) as (jobs, http):
+        body = event("evt_1")
+        for account in ("acme", "globex", "acme"):
+            response = await http.post(
+                f"/hooks/billing/{account}",
+                content=body,
+                headers={"x-billing-signature": sign(body)},
+            )
+            assert response.status_code == 200
+        found = sorted((r.tenant_id, r.idempotency_key) for r in await rows(jobs))
+        assert found == [("acme", "evt_1"), ("globex", "evt_1")]
