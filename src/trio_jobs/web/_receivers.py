@@ -107,7 +107,7 @@ async def _refuse(
     code: ErrorCode,
     message: str,
     *,
-    extra: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     body = orjson.dumps({"ok": False, "code": str(code), "message": message})
     await _send(send, status, body, [*_JSON_HEADERS, *extra])
@@ -318,7 +318,7 @@ class ReceiverDoor:
         code: ErrorCode,
         message: str,
         *,
-        extra: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
+        extra: Sequence[tuple[bytes, bytes]] = (),
         level: int = logging.INFO,
         cause: str | None = None,
     ) -> None:
@@ -331,7 +331,7 @@ class ReceiverDoor:
             code=str(code),
             cause=cause,
         )
-        await _refuse(send, status, code, message, extra=list(extra))
+        await _refuse(send, status, code, message, extra=extra)
 
 
 # --------------------------------------------------------------------------- routing
