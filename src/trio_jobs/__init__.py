@@ -24,6 +24,15 @@ from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._task import Occurrence, TaskView, next_fire, task
+from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
+from ._webhook_ledger import (
+    WebhookAttempt,
+    WebhookEndpointState,
+    WebhookLedger,
+    memory_webhook_ledger,
+    postgres_webhook_ledger,
+)
+from ._webhook_signature import verify_webhook_signature
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -48,6 +57,7 @@ __all__ = [
     "Actor",
     "BackfillRow",
     "Concurrency",
+    "Endpoint",
     "Enqueued",
     "ErrorCode",
     "Job",
@@ -68,6 +78,11 @@ __all__ = [
     "Steps",
     "TaskView",
     "Transaction",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpointState",
+    "WebhookEvent",
+    "WebhookLedger",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
@@ -77,9 +92,11 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
     "postgres_driver",
+    "postgres_webhook_ledger",
     "publish_event",
     "purge_expired",
     "rate_limiter",
@@ -88,4 +105,6 @@ __all__ = [
     "run_to_completion",
     "set_job_driver",
     "task",
+    "verify_webhook_signature",
+    "webhook",
 ]
