@@ -110,7 +110,7 @@ def _part(text: str) -> int | None:
     lowered = text.lower()
     try:
         if lowered.startswith("0x"):
-            return int(lowered[2:], 16) if len(lowered) > 2 else 0
+            return int(lowered[2:], 16) if len(lowered) > 2 else None
         if len(lowered) > 1 and lowered.startswith("0"):
             return int(lowered[1:], 8)
         return int(lowered, 10) if lowered.isdigit() else None
