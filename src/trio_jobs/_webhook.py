@@ -29,6 +29,7 @@ shows and the worker enforces) is ``timeout`` plus that budget.
 from __future__ import annotations
 
 import email.utils
+import importlib.util
 import inspect
 import math
 from collections.abc import Callable
@@ -264,6 +265,8 @@ def webhook(
         )
     if not isinstance(allow_private, bool):
         faults.append("allow_private must be True or False")
+    if importlib.util.find_spec("httpx") is None:  # pragma: no cover - the extra is installed
+        faults.append("webhook() sends with httpx: pip install 'trio-jobs[webhooks]'")
     job_name = name if name_ok else "webhook"
     declared_tenant: Any = "none"
     if callable(tenant):

@@ -120,3 +120,50 @@ async def test_the_postgres_ledger_refuses_another_driver() -> None:
             await postgres_webhook_ledger().attempts()
     assert refused.value.code == ErrorCode.X_CONFIG_INVALID
     assert "memory_webhook_ledger()" in refused.value.message
+
+
+def test_the_webhooks_command_prints_the_ledger(dsn: str) -> None:
+    import orjson
+    import trio
+    from click.testing import CliRunner
+
+    from trio_jobs.cli import main
+
+    async def fill() -> None:
+        async with open_jobs(postgres_driver(dsn), jobs=[]) as jobs:
+            ledger = postgres_webhook_ledger(jobs.driver)
+            for a in SEQUENCE:
+                await ledger.record(a, disable_after=3)
+
+    trio.run(fill)
+    out = CliRunner().invoke(main, ["webhooks", "--json", "--database-url", dsn])
+    assert out.exit_code == 0, out.output
+    body = orjson.loads(out.output)
+    assert [e["endpoint_id"] for e in body["endpoints"]] == ["e1", "e2"]
+    assert body["endpoints"][0]["disabled"] is True
+    assert body["endpoints"][0]["disabled_at"] == 13.0
+    assert [(a["event_id"], a["attempt"], a["status"]) for a in body["attempts"]] == [
+        (a.event_id, a.attempt, a.status) for a in reversed(SEQUENCE)
+    ]
+    one = CliRunner().invoke(main, ["webhooks", "--json", "--event", "ev2", "--database-url", dsn])
+    assert [a["code"] for a in orjson.loads(one.output)["attempts"]] == [
+        ErrorCode.X_WEBHOOK_DELIVERY_FAILED
+    ]
+    text = CliRunner().invoke(main, ["webhooks", "--database-url", dsn])
+    assert text.exit_code == 0
+    assert "e1" in text.output
+    assert "X_WEBHOOK_DELIVERY_REJECTED" in text.output
+
+
+def test_the_webhooks_command_refuses_bad_arguments_before_any_io() -> None:
+    from click.testing import CliRunner
+
+    from trio_jobs.cli import main
+
+    url = "postgresql://nobody@127.0.0.1:1/none"
+    out = CliRunner().invoke(main, ["webhooks", "--limit", "0", "--database-url", url, "--json"])
+    assert out.exit_code != 0
+    assert "X_CONFIG_INVALID" in out.output
+    out = CliRunner().invoke(main, ["webhooks", "--endpoint", "", "--database-url", url, "--json"])
+    assert out.exit_code != 0
+    assert "X_CONFIG_INVALID" in out.output
