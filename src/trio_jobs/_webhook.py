@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import email.utils
 import importlib.util
-import inspect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._context import WRITE_BUDGET
+from ._context import WRITE_BUDGET, _call
 from ._declare import Job, Retry, job
 from ._enqueue import _MISSING
 from ._serialization import dumps, payload_form
@@ -311,13 +310,6 @@ def webhook(
 
 
 # --------------------------------------------------------------------------- one attempt
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 class _Verdict(Exception):

@@ -146,6 +146,15 @@ def _check_limit(limit: object) -> int:
     return limit
 
 
+def _check_filters(endpoint_id: object, event_id: object, limit: object) -> int:
+    """``attempts()``'s arguments, checked; answers the limit."""
+    if endpoint_id is not None:
+        _check_id(endpoint_id, "endpoint_id")
+    if event_id is not None:
+        _check_id(event_id, "event_id")
+    return _check_limit(limit)
+
+
 def _check_disable_after(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise JobsError(ErrorCode.X_INVARIANT, "disable_after must be a whole number, 1 or more")
@@ -208,11 +217,7 @@ class MemoryWebhookLedger:
         *,
         limit: int = MAX_WEBHOOK_ROWS,
     ) -> builtins.list[WebhookAttempt]:
-        if endpoint_id is not None:
-            _check_id(endpoint_id, "endpoint_id")
-        if event_id is not None:
-            _check_id(event_id, "event_id")
-        n = _check_limit(limit)
+        n = _check_filters(endpoint_id, event_id, limit)
         found = [
             a
             for a in self._attempts
@@ -322,11 +327,7 @@ class PostgresWebhookLedger:
         *,
         limit: int = MAX_WEBHOOK_ROWS,
     ) -> builtins.list[WebhookAttempt]:
-        if endpoint_id is not None:
-            _check_id(endpoint_id, "endpoint_id")
-        if event_id is not None:
-            _check_id(event_id, "event_id")
-        n = _check_limit(limit)
+        n = _check_filters(endpoint_id, event_id, limit)
         driver = await self._pg()
         rows = await driver._fetch(
             "webhook_attempts", {"endpoint_id": endpoint_id, "event_id": event_id, "limit": n}
