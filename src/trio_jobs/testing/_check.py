@@ -25,6 +25,7 @@ from .._declare import Job
 from ..errors import ErrorCode, JobsError
 from ._crash import _crash_proof, _point, _run_once
 from ._simulate import Faults, World, simulate_jobs
+from ._wall import Wall, attempt_wall, moved_wall
 
 __all__ = ["CheckFailure", "CheckReport", "JobCheck", "check_jobs"]
 
@@ -256,6 +257,8 @@ class _Replays:
         #: The crash_proof run going on (its boundary; ``None``: the clean run).
         self.point: str | None = None
         self.found_at: str | None = None
+        #: The wall clock the body's module reads, moved between attempts (``_wall.py``).
+        self.wall = Wall()
 
     def wrap(self, job: Job[Any, Any]) -> Job[Any, Any]:
         watched = copy.copy(job)
@@ -263,9 +266,10 @@ class _Replays:
 
         async def run(ctx: Any) -> Any:
             watch = self._watch(ctx)
-            value = body(ctx)
-            if inspect.isawaitable(value):
-                value = await value
+            with attempt_wall(self.wall, ctx._state, replay=watch is not None):
+                value = body(ctx)
+                if inspect.isawaitable(value):
+                    value = await value
             if watch is not None:
                 watch.returned()
             return value
@@ -558,15 +562,30 @@ async def _crash_one(
     boundary) and how many boundaries it tried."""
     replays = _Replays(handle.name)
     watched = replays.wrap(handle)
-    others = [h for h in plan.handles if h is not handle]
     total = [0]
 
     def on_run(at: int | None, of: int, point: str | None) -> None:
         total[0] = of
         replays.point = point
+        replays.wall.restart()
         if at is not None:
             tell.boundary_done(handle.name, index, at, of)
 
+    # The body's module reads a moved wall clock for these runs (``_wall.py``).
+    with moved_wall(handle.run):
+        return await _crash_walk(plan, handle, value, watched, replays, on_run, total)
+
+
+async def _crash_walk(
+    plan: _Plan,
+    handle: Job[Any, Any],
+    value: Any,
+    watched: Job[Any, Any],
+    replays: _Replays,
+    on_run: Callable[[int | None, int, str | None], None],
+    total: list[int],
+) -> tuple[tuple[JobsError, str | None] | None, int]:
+    others = [h for h in plan.handles if h is not handle]
     try:
         report = await _crash_proof(
             watched,
@@ -582,6 +601,7 @@ async def _crash_one(
         if replays.found is None and total[0]:
             # A divergence may be a replay taking another path: replay the whole
             # recorded run once (killed at its last boundary) before blaming the crash.
+            replays.wall.restart(again=True)  # the replays read what the failed run's did
             hits, *_ = await _run_once(
                 watched, value, [watched, *others], plan.observe, plan.reset, total[0] - 1
             )
