@@ -220,12 +220,16 @@ def check(
     and race it on seeded schedules; exit 0 when every job passes, 1 when one
     fails (each failure with a one-line reproduce command), 2 when the gate
     cannot run (a module that does not import or has no jobs, inputs
-    Hypothesis cannot build, a hook that raises).
+    Hypothesis cannot build, a hook that raises, a database it cannot reach).
 
     Inputs are the module's trio_jobs_examples[name], else drawn from the
     job's input type by Hypothesis (the same ones every run). The module may
     define trio_jobs_observe() and trio_jobs_reset() (sync or async) and
-    trio_jobs_invariant(world)."""
+    trio_jobs_invariant(world).
+
+    With --database-url the crash runs and replay checks run on PostgreSQL in
+    a throwaway schema the gate makes and drops (its name is said on stderr);
+    the simulation seeds stay on the memory driver."""
     if (example is not None or seed is not None) and job_name is None:
         refuse(
             _usage("--example and --seed name one job's run: add --job NAME"), as_json, EXIT_USAGE
