@@ -177,6 +177,16 @@ AS $$
            END
 $$;
 
+-- A stored log as readers see it: a done row's last entry, left open by the
+-- ack (0011), closed with the row's settle time.
+CREATE FUNCTION trio_jobs_attempt_read(log jsonb, state text, settled_at float8)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN state = 'done' THEN trio_jobs_attempt_end(log, settled_at, 'done', NULL, NULL)
+                ELSE log END
+$$;
+
 CREATE TABLE trio_jobs_events (
     id           bigserial PRIMARY KEY,
     name         text NOT NULL,
