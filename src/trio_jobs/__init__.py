@@ -33,6 +33,15 @@ from ._receiver import (
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._task import Occurrence, TaskView, next_fire, task
+from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
+from ._webhook_ledger import (
+    WebhookAttempt,
+    WebhookEndpointState,
+    WebhookLedger,
+    memory_webhook_ledger,
+    postgres_webhook_ledger,
+)
+from ._webhook_signature import verify_webhook_signature
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -59,6 +68,7 @@ __all__ = [
     "Answer",
     "BackfillRow",
     "Concurrency",
+    "Endpoint",
     "Enqueued",
     "ErrorCode",
     "Inbound",
@@ -82,6 +92,11 @@ __all__ = [
     "TaskView",
     "Transaction",
     "Verified",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpointState",
+    "WebhookEvent",
+    "WebhookLedger",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
@@ -91,9 +106,11 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
     "postgres_driver",
+    "postgres_webhook_ledger",
     "publish_event",
     "purge_expired",
     "rate_limiter",
@@ -103,5 +120,7 @@ __all__ = [
     "set_job_driver",
     "task",
     "verify_body_hmac",
+    "verify_webhook_signature",
+    "webhook",
     "webhook_receiver",
 ]

@@ -63,6 +63,7 @@ NAV = (
     ("workers", "/workers", "Workers"),
     ("backfills", "/backfills", "Backfills"),
     ("tasks", "/tasks", "Tasks"),
+    ("webhooks", "/webhooks", "Webhooks"),
 )
 
 _DONE_TEXT = {
@@ -157,6 +158,7 @@ class Dashboard:
             Route("/workers", self._wrap(_pages.worker_list), methods=get),
             Route("/backfills", self._wrap(_pages.backfill_list), methods=get),
             Route("/tasks", self._wrap(_pages.task_list), methods=get),
+            Route("/webhooks", self._wrap(_pages.webhook_list), methods=get),
             Route("/tasks/pause", self._wrap(_actions.pause_task), methods=post),
             Route("/tasks/resume", self._wrap(_actions.resume_task), methods=post),
             Route("/metrics", self.metrics, methods=get),
@@ -359,7 +361,7 @@ def create_app(
     works: links follow the mount's ``root_path``).
 
     Pages: ``/`` (queues, throughput, workers, newest dead letters), ``/jobs``
-    (filters and keyset paging), ``/dead``, ``/workers``, ``/backfills``, ``/<job id>`` (the
+    (filters and keyset paging), ``/dead``, ``/workers``, ``/backfills``, ``/webhooks``, ``/<job id>`` (the
     attempt history, the step timeline, error, progress and actions), and
     ``/metrics`` (Prometheus).
 
