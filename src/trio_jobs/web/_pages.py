@@ -31,7 +31,15 @@ from ..errors import ErrorCode, JobsError
 if TYPE_CHECKING:
     from ._app import Dashboard, Req
 
-__all__ = ["dead_letters", "job_list", "job_page", "overview", "task_list", "worker_list"]
+__all__ = [
+    "dead_letters",
+    "job_list",
+    "job_page",
+    "overview",
+    "task_list",
+    "webhook_list",
+    "worker_list",
+]
 
 #: Minutes of throughput each sparkline draws.
 SPARK_MINUTES = 60
@@ -250,6 +258,18 @@ async def worker_list(d: Dashboard, ctx: Req) -> Response:
 async def backfill_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /backfills``: the backfill ledger, one row per pass, newest first."""
     return await _list_page(d, ctx, d.jobs.backfills, "backfills.html", "backfills", "passes")
+
+
+async def webhook_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /webhooks``: the webhook ledger: every endpoint with its consecutive
+    failures and disabled mark, and the newest delivery attempts."""
+    from .._webhook_ledger import read_webhooks
+
+    async def fetch() -> dict[str, Any]:
+        endpoints, attempts = await read_webhooks(d.jobs, limit=200)
+        return {"endpoints": endpoints, "attempts": attempts}
+
+    return await _list_page(d, ctx, fetch, "webhooks.html", "webhooks", "ledger")
 
 
 async def task_list(d: Dashboard, ctx: Req) -> Response:
