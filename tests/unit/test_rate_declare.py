@@ -217,6 +217,18 @@ def test_a_refusal_near_the_slot_is_told_the_slot_and_takes_no_place() -> None:
     assert log.take("b", 2, 10.0, 106.0) == pytest.approx(8.0)  # place 1: 114
 
 
+def test_a_queue_the_window_outran_is_opened_again() -> None:
+    # found by the property below: others took the slots the queue promised
+    log = SlidingLog()
+    for _ in range(2):
+        assert log.take("b", 2, 2.0, 1000.0) is None
+    assert [log.take("b", 2, 2.0, 1000.0) for _ in range(3)] == pytest.approx([2.0, 2.0, 4.0])
+    for _ in range(2):
+        assert log.take("b", 2, 2.0, 1003.0) is None
+    # the queue's next place (1004) would come before a grant can leave (1005)
+    assert log.take("b", 2, 2.0, 1003.0) == pytest.approx(2.0)
+
+
 def test_a_queue_of_another_limit_is_not_reused() -> None:
     log = SlidingLog()
     for at in (0.0, 1.0, 2.0):

@@ -135,8 +135,15 @@ class SlidingLog:
         if wait <= exact_wait(limit, per):
             return max(MIN_WAIT, wait)
         frontier = found.frontier()
-        if frontier is None or frontier <= now or len(found.base) != limit:
-            # no queue ahead (or another limit's): open one on this window
+        if (
+            frontier is None
+            or frontier <= now
+            or len(found.base) != limit
+            or promise(found.base, found.queued, per) < now + wait
+        ):
+            # No queue ahead (or another limit's), or one the window has
+            # outrun (others took the slots it promised, so its next place
+            # would come before a grant can leave): open one on this window.
             found.base = list(hits)[len(hits) - limit :]
             found.queued = 0
         at = promise(found.base, found.queued, per)

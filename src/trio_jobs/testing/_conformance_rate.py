@@ -106,3 +106,33 @@ class RateLimitConformance:
         refused = await rates.acquire("conf.edge", "", 1, 1.0)
         assert not refused.granted
         assert refused.retry_after >= 0.001
+
+    async def test_rate_the_refused_are_spread_one_freed_slot_each(self, target: Target) -> None:
+        rates = _rates(target.driver)
+        assert (await rates.acquire("conf.queue", "", 2, 10.0)).granted
+        await target.advance(4.0)
+        assert (await rates.acquire("conf.queue", "", 2, 10.0)).granted
+        await target.advance(1.0)  # t0 + 5; the slots free at t0 + 10 and t0 + 14
+        waits = [(await rates.acquire("conf.queue", "", 2, 10.0)).retry_after for _ in range(5)]
+        # places: t0 + 10, 14, then the same slots a window later, and so on
+        assert waits == pytest.approx([5.0, 9.0, 15.0, 19.0, 25.0], abs=1e-6)
+        # a refusal near its slot is told the slot and takes no place
+        await target.advance(4.5)  # t0 + 9.5
+        assert (await rates.acquire("conf.queue", "", 2, 10.0)).retry_after == pytest.approx(
+            0.5, abs=1e-6
+        )
+        await target.advance(0.5)  # t0 + 10: place 0 comes back and is granted
+        assert (await rates.acquire("conf.queue", "", 2, 10.0)).granted
+
+    async def test_rate_a_queue_the_window_outran_is_opened_again(self, target: Target) -> None:
+        rates = _rates(target.driver)
+        for _ in range(2):
+            assert (await rates.acquire("conf.outrun", "", 2, 2.0)).granted
+        for _ in range(3):  # places at t0 + 2, t0 + 2, t0 + 4
+            assert not (await rates.acquire("conf.outrun", "", 2, 2.0)).granted
+        await target.advance(3.0)  # others take both slots at t0 + 3
+        for _ in range(2):
+            assert (await rates.acquire("conf.outrun", "", 2, 2.0)).granted
+        # the old queue's next place (t0 + 4) is before a grant can leave (t0 + 5)
+        refused = await rates.acquire("conf.outrun", "", 2, 2.0)
+        assert refused.retry_after == pytest.approx(2.0, abs=1e-6)

@@ -15,8 +15,9 @@
 -- the seconds until its turn: when the hit that must leave the window leaves,
 -- if that is within `exact` seconds (a run back a little before its promised
 -- slot, or whose slot's last grant came late: it takes the slot as it frees);
--- else its place in the queue. The first
--- refusal after the queue's last promise has passed opens a queue on this
+-- else its place in the queue. The first refusal after the queue's last
+-- promise has passed, or when its next place would come before the hit that
+-- must leave leaves (others took its slots), opens a queue on this
 -- window (`base`: its last `limit` hits); refusal n of a queue is promised
 -- base[n % limit] + per * (1 + n / limit): one per freed slot, round after
 -- round, so the refused come back spread instead of all at once. Every answer
@@ -46,7 +47,12 @@ ON CONFLICT (name, key) DO UPDATE SET (hits, granted, at, base, queued, retry_af
                CASE WHEN r.queued > 0 AND cardinality(r.base) = %(limit)s::int
                     THEN r.base[mod(r.queued - 1, %(limit)s::int) + 1]
                          + %(per)s * (1 + (r.queued - 1) / %(limit)s::int)
-               END AS frontier
+               END AS frontier,
+               -- and the place it would promise next
+               CASE WHEN r.queued > 0 AND cardinality(r.base) = %(limit)s::int
+                    THEN r.base[mod(r.queued, %(limit)s::int) + 1]
+                         + %(per)s * (1 + r.queued / %(limit)s::int)
+               END AS next
         FROM (
             SELECT n.now,
                    ARRAY(SELECT h FROM unnest(r.hits) AS h WHERE h > n.now - %(per)s ORDER BY h)
@@ -78,7 +84,11 @@ ON CONFLICT (name, key) DO UPDATE SET (hits, granted, at, base, queued, retry_af
                    END AS queued
             FROM (
                 SELECT NOT d.room AND d.wait > %(exact)s AS queues,
-                       d.frontier IS NULL OR d.frontier <= d.now AS opens
+                       -- no queue ahead, or one the window has outrun (others
+                       -- took its slots: its next place would come before a
+                       -- grant can leave)
+                       d.frontier IS NULL OR d.frontier <= d.now
+                           OR d.next < d.now + d.wait AS opens
             ) s
         ) o
     ) q

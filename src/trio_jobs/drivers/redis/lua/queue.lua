@@ -1082,7 +1082,8 @@ return n
 -- (base: the window's grants when it opened; queued: places promised) that
 -- expires a second after its last promise. Place n comes back at
 -- base[n % limit] + per * (1 + n / limit); the first refusal after the last
--- promise passed opens a new queue. The name's length leads the keys, so no
+-- promise passed, or when the next place would come before a grant can leave,
+-- opens a new queue. The name's length leads the keys, so no
 -- name and key join into another pair's keys. Answers {1, '0'} or {0, '<seconds>'}.
 fault = first(need(ARGV[A], 'the limiter name'), need_str(ARGV[A + 1], 'the key'),
   need_whole(ARGV[A + 2], 'the limit', 1), need_positive(ARGV[A + 3], 'the window'),
@@ -1110,8 +1111,11 @@ local queued = tonumber(q[2] or '0') or 0
 local function promise(i)
   return base[(i % limit) + 1] + per * (1 + math.floor(i / limit))
 end
-if queued == 0 or #base ~= limit or promise(queued - 1) <= NOW then
-  -- no queue ahead (or another limit's): open one on this window
+if queued == 0 or #base ~= limit or promise(queued - 1) <= NOW
+    or promise(queued) < NOW + wait then
+  -- no queue ahead (or another limit's), or one the window has outrun (others
+  -- took its slots: its next place would come before a grant can leave):
+  -- open one on this window
   local scores = redis.call('ZRANGE', rk, n - limit, n - 1, 'WITHSCORES')
   base = {}
   local text = {}
