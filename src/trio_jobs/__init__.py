@@ -8,6 +8,7 @@ with a :class:`Worker`. See ``docs/`` for the tutorial.
 from ._backfill import backfill
 from ._context import JobContext, Signal, Steps, run_to_completion
 from ._declare import Concurrency, Enqueued, Job, Retry, job
+from ._export_rows import export_rows
 from ._facade import (
     Actor,
     Jobs,
@@ -19,6 +20,7 @@ from ._facade import (
     publish_event,
     set_job_driver,
 )
+from ._import_rows import ErrorSink, import_rows
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
@@ -50,6 +52,7 @@ __all__ = [
     "Concurrency",
     "Enqueued",
     "ErrorCode",
+    "ErrorSink",
     "Job",
     "JobContext",
     "JobPage",
@@ -75,6 +78,8 @@ __all__ = [
     "backfill",
     "cross_tenant",
     "current_jobs",
+    "export_rows",
+    "import_rows",
     "job",
     "memory_driver",
     "next_fire",

@@ -47,11 +47,11 @@ Source = Callable[[Any, Any], Any]
 Handle = Callable[[Any, Any], Any]
 
 
-def _takes_two(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` can be called with two positional arguments (``True`` when
-    its signature cannot be read: the call will tell)."""
+def _takes(fn: Callable[..., Any], arity: int = 2) -> bool:
+    """Whether ``fn`` can be called with ``arity`` positional arguments (``True``
+    when its signature cannot be read: the call will tell)."""
     try:
-        inspect.signature(fn).bind(None, None)
+        inspect.signature(fn).bind(*([None] * arity))
     except TypeError:
         return False
     except ValueError:
@@ -59,13 +59,16 @@ def _takes_two(fn: Callable[..., Any]) -> bool:
     return True
 
 
-def _check_callable(value: object, field: str, shape: str, faults: list[str]) -> None:
+def _check_callable(
+    value: object, field: str, shape: str, faults: list[str], arity: int = 2
+) -> None:
     if value is _MISSING or value is None:
         faults.append(f"{field}= is required: {shape}")
     elif not callable(value):
         faults.append(f"{field} must be a function: {shape}")
-    elif not _takes_two(value):
-        faults.append(f"{field} must take two arguments: {shape}")
+    elif not _takes(value, arity):
+        word = {1: "one argument", 2: "two arguments"}[arity]
+        faults.append(f"{field} must take {word}: {shape}")
 
 
 def backfill(
