@@ -669,6 +669,7 @@ async def _csv_page(
 ) -> list[str] | None:
     width = len(spec.columns)
     nullable = work.nullable
+    hook, schema, size, pending = work.hook, spec.schema, spec.batch, work.pending
     count = len(records)
     for i, record in enumerate(records):
         line = first_line + (starts[i] if starts is not None else i)
@@ -722,7 +723,16 @@ async def _csv_page(
         for name in nullable:
             if values[name] == "":
                 values[name] = None
-        await work.take(line, values)
+        # Inline of work.take (no coroutine per row on the hot path).
+        try:
+            row = hook(values, schema)
+        except Exception as exc:  # cattrs, or the class's own validators
+            await work.refuse(line, _fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
+            continue
+        pending.append(row)
+        if len(pending) >= size:
+            await work.flush()
+            pending = work.pending
     return header
 
 
