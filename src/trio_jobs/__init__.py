@@ -23,6 +23,15 @@ from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
+from ._subject import (
+    Anonymize,
+    Retain,
+    Subject,
+    define_subject,
+    subject_erase,
+    subject_export,
+    subject_proof,
+)
 from ._task import Occurrence, TaskView, next_fire, task
 from ._worker import Worker, WorkerStats
 from .drivers import (
@@ -46,6 +55,7 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
+    "Anonymize",
     "BackfillRow",
     "Concurrency",
     "Enqueued",
@@ -60,12 +70,14 @@ __all__ = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "Retain",
     "Retention",
     "Retry",
     "Settled",
     "Signal",
     "StepView",
     "Steps",
+    "Subject",
     "TaskView",
     "Transaction",
     "Worker",
@@ -75,6 +87,7 @@ __all__ = [
     "backfill",
     "cross_tenant",
     "current_jobs",
+    "define_subject",
     "job",
     "memory_driver",
     "next_fire",
@@ -87,5 +100,8 @@ __all__ = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "subject_erase",
+    "subject_export",
+    "subject_proof",
     "task",
 ]

@@ -119,6 +119,11 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_JOB_INPUT_INVALID: "terminal",
     ErrorCode.X_JOB_DECLARATION_INVALID: "terminal",
     ErrorCode.X_CONSUMER_SELF_ENQUEUE: "terminal",
+    # The same declaration and tables give the same answer (PYTHON-API, data jobs).
+    ErrorCode.X_SUBJECT_CYCLE: "terminal",
+    ErrorCode.X_SUBJECT_ERASE_INCOMPLETE: "terminal",
+    ErrorCode.X_SUBJECT_TABLE_UNDECLARED: "terminal",
+    ErrorCode.X_SUBJECT_TREATMENT_INVALID: "terminal",
     ErrorCode.X_RATE_LIMITED: "retry-after",
     ErrorCode.X_WEBHOOK_DELIVERY_THROTTLED: "retry-after",
 }

@@ -44,6 +44,7 @@ SRC = Path(trio_jobs.__file__).resolve().parent
 #: ``trio_jobs.drivers``.
 TOP_LEVEL = [
     "Actor",
+    "Anonymize",
     "BackfillRow",
     "Concurrency",
     "Enqueued",
@@ -61,12 +62,14 @@ TOP_LEVEL = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "Retain",
     "Retention",
     "Retry",
     "Settled",
     "Signal",
     "StepView",
     "Steps",
+    "Subject",
     "TaskView",
     "Transaction",
     "Worker",
@@ -76,6 +79,7 @@ TOP_LEVEL = [
     "backfill",
     "cross_tenant",
     "current_jobs",
+    "define_subject",
     "job",
     "memory_driver",
     "next_fire",
@@ -88,6 +92,9 @@ TOP_LEVEL = [
     "register_error_retry",
     "run_to_completion",
     "set_job_driver",
+    "subject_erase",
+    "subject_export",
+    "subject_proof",
     "task",
 ]
 
