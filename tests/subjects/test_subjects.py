@@ -440,14 +440,16 @@ async def test_the_proof_passes_a_subject_that_erases_and_names_a_surviving_colu
         with pytest.raises(JobsError) as shadowed:
             await subject_proof(jobs, app.members)
         after = await dump(jobs)
+        async with jobs.transaction() as tx:
+            shadow_rows = await tx.execute("SELECT count(*) FROM shadow")
     assert caught.value.code == ErrorCode.X_SUBJECT_ERASE_INCOMPLETE
     assert caught.value.meta["found"] == [{"table": "members", "column": "name"}]
     assert "members.name" in caught.value.message
     assert shadowed.value.meta["found"] == [{"table": "shadow", "column": "body"}]
     # the proof rolls back what it seeded
-    async with opened(dsn) as _:
-        pass
     assert len(after["members"]) == 3
+    assert len(after["comments"]) == 4
+    assert shadow_rows == [(0,)]
 
 
 # ---------------------------------------------------------------------------- verify
