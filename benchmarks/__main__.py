@@ -29,6 +29,7 @@ SUITES: dict[str, str] = {
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
     "check-gate": "benchmarks.check_gate",
+    "subjects": "benchmarks.subjects",
 }
 
 
