@@ -23,13 +23,13 @@ carrying the anonymized values already).
 from __future__ import annotations
 
 import builtins
-import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import orjson
 
+from ._backfill import _call
 from ._declare import Job, Retry, job
 from ._enqueue import _MISSING
 from .errors import ErrorCode, JobDeclarationError, JobsError
@@ -693,13 +693,6 @@ async def run_operation(execute: Execute, op: Operation, key: Mapping[str, Any])
 
 
 # ----------------------------------------------------------------------------- the jobs
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 async def _postgres(jobs: Jobs, what: str) -> None:
