@@ -6,6 +6,7 @@ with a :class:`Worker`. See ``docs/`` for the tutorial.
 """
 
 from ._backfill import backfill
+from ._consumer import ConsumerBatch, consumer
 from ._context import JobContext, Signal, Steps, run_to_completion
 from ._declare import Concurrency, Enqueued, Job, Retry, job
 from ._facade import (
@@ -48,6 +49,7 @@ __all__ = [
     "Actor",
     "BackfillRow",
     "Concurrency",
+    "ConsumerBatch",
     "Enqueued",
     "ErrorCode",
     "Job",
@@ -73,6 +75,7 @@ __all__ = [
     "WorkerStats",
     "acting_as",
     "backfill",
+    "consumer",
     "cross_tenant",
     "current_jobs",
     "job",

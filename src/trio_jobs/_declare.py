@@ -200,6 +200,9 @@ class Job(Generic[I, R]):
     #: Which factory made the handle: ``"job"`` for :func:`job`, ``"backfill"``
     #: for :func:`~trio_jobs.backfill`, ... (each factory sets its own).
     kind: str = "job"
+    #: Handles registered wherever this one is listed (``open_jobs(jobs=...)``, a
+    #: worker): a consumer's supervisor task and arm job. Empty for a plain job.
+    companions: tuple[Job[Any, Any], ...] = ()
 
     def __init__(
         self,
@@ -679,7 +682,7 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
     """Index handles by name; two different handles with one name are refused."""
     by_name: dict[str, Job[Any, Any]] = {}
     faults: list[str] = []
-    for handle in jobs:
+    for handle in with_companions(jobs):
         if not isinstance(handle, Job):
             faults.append(f"jobs= takes job handles; got a {type(handle).__name__}")
             continue
@@ -693,6 +696,17 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
             ErrorCode.X_JOB_DECLARATION_INVALID, "; ".join(faults), meta={"faults": faults}
         )
     return by_name
+
+
+def with_companions(jobs: Sequence[Any]) -> list[Any]:
+    """``jobs`` with each handle's companions after it (a consumer's supervisor
+    task and arm job), in order."""
+    out: list[Any] = []
+    for handle in jobs:
+        out.append(handle)
+        if isinstance(handle, Job):
+            out.extend(handle.companions)
+    return out
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:

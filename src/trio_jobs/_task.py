@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from ._declare import Concurrency, Job, Retry, job
+from ._declare import Concurrency, Job, Retry, job, with_companions
 from ._serialization import converter
 from ._time import Duration, IdSource, parse_duration
 from ._validate import text_fault
@@ -398,4 +398,5 @@ def task(
 
 def tasks_of(handles: Sequence[Job[Any, Any]]) -> list[Task]:
     """The task handles among ``handles``, by name."""
-    return sorted((h for h in handles if isinstance(h, Task)), key=lambda h: h.name)
+    found = {h.name: h for h in with_companions(handles) if isinstance(h, Task)}
+    return [found[name] for name in sorted(found)]

@@ -119,6 +119,9 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_JOB_INPUT_INVALID: "terminal",
     ErrorCode.X_JOB_DECLARATION_INVALID: "terminal",
     ErrorCode.X_CONSUMER_SELF_ENQUEUE: "terminal",
+    # A consumer's callables answered what no retry changes (a cursor of the
+    # wrong type, keys that cannot run): the same answer again.
+    ErrorCode.X_CONSUMER_INVALID: "terminal",
     ErrorCode.X_RATE_LIMITED: "retry-after",
     ErrorCode.X_WEBHOOK_DELIVERY_THROTTLED: "retry-after",
 }
