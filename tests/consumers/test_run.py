@@ -20,7 +20,7 @@ from jobs_support import jobs_on_memory, running_worker, wait_for
 from trio_jobs import ConsumerBatch, ErrorCode, JobContext, JobsError, Retry, job
 from trio_jobs.testing import crash_proof, open_harness
 
-from .world import Stream
+from .world import Stream, TxStream
 
 
 @attrs.frozen
@@ -388,3 +388,18 @@ async def test_a_killed_run_at_every_boundary_ends_with_every_item_and_the_same_
         reset=stream.reset,
     )
     assert report.boundaries >= 9  # three batches, three boundaries each
+
+
+async def test_crash_proof_catches_a_cursor_saved_apart_from_its_batch(
+    autojump_clock: Any,
+) -> None:
+    from trio_jobs._planted import planted
+
+    stream = TxStream(a=list(range(10)))
+    sync = stream.consumer()
+    report = await crash_proof(sync, "a", observe=stream.committed)
+    assert report.boundaries >= 9
+    with planted("cursor-apart"), pytest.raises(JobsError) as caught:
+        await crash_proof(sync, "a", observe=stream.committed)
+    assert caught.value.code == ErrorCode.X_JOB_CRASH_DIVERGED
+    assert "after-fn" in caught.value.message

@@ -67,3 +67,31 @@ class Stream:
         }
         fields.update(over)
         return consumer(**fields)
+
+
+class TxStream(Stream):
+    """A :class:`Stream` whose effects and cursors are written through the
+    batch's transaction (published on commit, as rows of the app's tables would
+    be): what a crash rolls back, this app loses too."""
+
+    def __init__(self, **items: list[int]) -> None:
+        super().__init__(**items)
+        self.driver: Any = None
+
+    async def handle(self, batch: ConsumerBatch) -> str:
+        await batch.tx.driver_tx.publish(f"handled:{batch.key}", list(batch.items))
+        return str(batch.items[-1])
+
+    async def load_cursor(self, key: str, tx: Transaction) -> str | None:  # type: ignore[override]
+        self.driver = tx.jobs.driver
+        found, _now = await tx.jobs.driver.events.poll(f"cursor:{key}", float("-inf"))
+        return str(found[-1].payload) if found else None
+
+    async def save_cursor(self, key: str, cursor: str, tx: Transaction) -> None:  # type: ignore[override]
+        await tx.driver_tx.publish(f"cursor:{key}", cursor)
+
+    def committed(self) -> tuple[list[int], list[str]]:
+        """The items whose effect committed, and the cursors committed, in order."""
+        events = self.driver._events
+        items = sorted({n for e in events if e.name.startswith("handled:") for n in e.payload})
+        return items, [e.payload for e in events if e.name.startswith("cursor:")]
