@@ -430,7 +430,7 @@ class Consumer(Job[str, dict[str, int]]):
                 job_id=ctx.job_id,
                 job=self.name,
                 error_type=type(exc).__name__,
-                code=getattr(exc, "code", None),
+                code=exc.code if isinstance(exc, JobsError) else None,
             )
             return
         if (
