@@ -79,6 +79,8 @@ MAX_KEY = 200
 #: Suffixes of the companions a consumer registers.
 SUPERVISOR_SUFFIX = ".supervisor"
 ARM_SUFFIX = ".arm"
+#: The most runs of one key the dashboard reads to find its last batch.
+LOOK_BACK = 5
 
 #: The consumer whose ``open``/``handle`` runs in this context (a self-enqueue is refused).
 _inside: contextvars.ContextVar[Consumer | None] = contextvars.ContextVar(
@@ -650,9 +652,11 @@ def with_consumer(view: JobView) -> JobView:
 
 
 async def consumer_rows(jobs: Jobs, *, limit: int = 200) -> builtins.list[ConsumerRow]:
-    """Each key of each consumer, by its newest run: the consumers the facade
-    declares and those whose supervisor the task store knows (the dashboard
-    runs without the app's module)."""
+    """Each key of each consumer by its newest run (its id and state), with the
+    last batch and lag of its newest run that committed one (a run that found
+    nothing new commits none; at most :data:`LOOK_BACK` runs are read per key).
+    The consumers are those the facade declares and those whose supervisor the
+    task store knows (the dashboard runs without the app's module)."""
     names = {h.name for h in jobs.handles.values() if isinstance(h, Consumer)}
     driver = await jobs._resolved_driver()
     if driver.tasks is not None:
@@ -663,21 +667,26 @@ async def consumer_rows(jobs: Jobs, *, limit: int = 200) -> builtins.list[Consum
         }
     rows: builtins.list[ConsumerRow] = []
     for name in sorted(names):
-        newest: dict[str, JobView] = {}
+        runs: dict[str, builtins.list[JobView]] = {}
         page = await jobs.list(name=name, limit=limit)
-        for view in page.rows:
+        for view in page.rows:  # newest first
             key = _signature(view)
-            if key is not None and key not in newest:
-                newest[key] = view
-        for key in sorted(newest):
-            shown = with_consumer(await jobs.show(newest[key].id))
-            info = shown.consumer or {}
+            if key is not None:
+                runs.setdefault(key, []).append(view)
+        for key in sorted(runs):
+            newest = runs[key][0]
+            info: Mapping[str, Any] = {}
+            for view in runs[key][:LOOK_BACK]:
+                shown = with_consumer(await jobs.show(view.id))
+                if shown.consumer is not None and shown.consumer["last_batch_at"] is not None:
+                    info = shown.consumer
+                    break
             rows.append(
                 ConsumerRow(
                     name=name,
                     key=key,
-                    job_id=shown.id,
-                    state=shown.state,
+                    job_id=newest.id,
+                    state=newest.state,
                     last_batch_at=info.get("last_batch_at"),
                     lag=info.get("lag"),
                 )
