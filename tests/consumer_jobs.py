@@ -13,7 +13,6 @@ and uncommitted: the test kills the process there.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -40,9 +39,9 @@ async def rows_after(key: str, cursor: str | None, signal: Signal) -> list[int]:
 async def copy(batch: ConsumerBatch) -> str:
     for i in batch.items:
         await batch.tx.execute("INSERT INTO cs_target (id, pid) VALUES (%s, %s)", (i, os.getpid()))
-    marker = Path(f"hung-{batch.items[0]}")
-    if batch.items[0] == 7 and not marker.exists():
-        marker.touch()
+    marker = trio.Path(f"hung-{batch.items[0]}")
+    if batch.items[0] == 7 and not await marker.exists():
+        await marker.touch()
         await trio.sleep(3600)  # the test SIGKILLs the process here
     return str(batch.items[-1])
 
