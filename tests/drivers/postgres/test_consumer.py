@@ -115,15 +115,8 @@ def test_sigkill_mid_batch_commits_nothing_of_it_and_a_fresh_process_resumes(
     with_tables(pg_dsn, pg_schema)
     procs = Procs(dsn, tmp_path)
 
-    def worker(*flags: str) -> Any:
-        proc = procs.spawn(
-            "-m", "trio_jobs.cli", "worker", "consumer_jobs", "--database-url", dsn, *flags
-        )
-        procs.wait_log(proc, "jobs.worker.ready")
-        return proc
-
     try:
-        first = worker("--visibility-timeout", "2s")
+        first = procs.worker("--visibility-timeout", "2s", module="consumer_jobs")
         job_id = trio.run(_arm, dsn)
         wait_until(lambda: (tmp_path / "hung-7").exists(), 15, "batch 3 to be handled")
         first.send_signal(signal.SIGKILL)
@@ -131,7 +124,9 @@ def test_sigkill_mid_batch_commits_nothing_of_it_and_a_fresh_process_resumes(
         # batches 1 and 2 committed with their cursor; batch 3's rows never did
         assert sql(pg_dsn, pg_schema, "SELECT cursor FROM cs_cursors") == [("6",)]
         assert sql(pg_dsn, pg_schema, "SELECT count(*) FROM cs_target") == [(6,)]
-        worker("--visibility-timeout", "2s", "--idle-poll-max", "250ms")
+        procs.worker(
+            "--visibility-timeout", "2s", "--idle-poll-max", "250ms", module="consumer_jobs"
+        )
         wait_until(
             lambda: (
                 sql(pg_dsn, pg_schema, "SELECT state FROM trio_jobs_jobs WHERE id = %s", (job_id,))[
