@@ -22,9 +22,27 @@ from ._facade import (
 )
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
+from ._receiver import (
+    DEFAULT_WEBHOOK_BODY_LIMIT,
+    Answer,
+    Inbound,
+    ReceivedWebhook,
+    Verified,
+    verify_body_hmac,
+    webhook_receiver,
+)
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._task import Occurrence, TaskView, next_fire, task
+from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
+from ._webhook_ledger import (
+    WebhookAttempt,
+    WebhookEndpointState,
+    WebhookLedger,
+    memory_webhook_ledger,
+    postgres_webhook_ledger,
+)
+from ._webhook_signature import verify_webhook_signature
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -43,15 +61,19 @@ from .errors import ErrorCode, JobsError, register_error_retry
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "DEFAULT_WEBHOOK_BODY_LIMIT",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
+    "Answer",
     "BackfillRow",
     "Concurrency",
     "ConsumerBatch",
+    "Endpoint",
     "Enqueued",
     "ErrorCode",
+    "Inbound",
     "Job",
     "JobContext",
     "JobPage",
@@ -62,6 +84,7 @@ __all__ = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "ReceivedWebhook",
     "Retention",
     "Retry",
     "Settled",
@@ -70,6 +93,12 @@ __all__ = [
     "Steps",
     "TaskView",
     "Transaction",
+    "Verified",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpointState",
+    "WebhookEvent",
+    "WebhookLedger",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
@@ -80,9 +109,11 @@ __all__ = [
     "current_jobs",
     "job",
     "memory_driver",
+    "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
     "postgres_driver",
+    "postgres_webhook_ledger",
     "publish_event",
     "purge_expired",
     "rate_limiter",
@@ -91,4 +122,8 @@ __all__ = [
     "run_to_completion",
     "set_job_driver",
     "task",
+    "verify_body_hmac",
+    "verify_webhook_signature",
+    "webhook",
+    "webhook_receiver",
 ]

@@ -750,7 +750,7 @@ async def _transact(
     budget_end = math.inf
     while True:
         try:
-            return await _transact_once(s, name, fn, seq, executions, timeout)
+            return await _transact_once(s, name, fn, seq, executions, timeout, budget_end)
         except _TxFault as fault:
             error = fault.error
             if fault.unknown:
@@ -791,16 +791,28 @@ async def _transact_once(
     seq: int,
     executions: int,
     timeout: float | None,
+    budget_end: float = math.inf,
 ) -> StepRecord:
     """One try: ``fn(tx)``, then the fenced record in the same transaction, then
     the commit. The record and the commit run shielded on a bounded budget, so a
     drained step still lands. A transient failure anywhere is a :class:`_TxFault`
     (nothing landed, or, at the COMMIT, maybe); a refused fence is a lost lease,
-    safe either way: the effects and the record land together or not at all."""
+    safe either way: the effects and the record land together or not at all.
+
+    A retry (``budget_end`` set by the first fault) waits for its transaction to
+    begin only until the budget ends: a connection that cannot be had (a connect
+    that hangs, a pool held by stuck writes) is the same fault again, not a wait
+    the budget does not bound."""
     started_at = s.driver.now()
     manager = s.jobs.transaction()
     try:
-        tx = await manager.__aenter__()
+        if budget_end == math.inf:
+            tx = await manager.__aenter__()
+        else:
+            with trio.CancelScope(deadline=budget_end) as begin:
+                tx = await manager.__aenter__()
+            if begin.cancelled_caught:
+                raise _TxFault(_no_transaction(name))
     except JobsError as exc:
         if is_transient(exc):
             raise _TxFault(exc) from None
@@ -879,6 +891,15 @@ async def _transact_once(
         )
         raise LeaseLost()
     return record
+
+
+def _no_transaction(step: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_DRIVER_UNAVAILABLE,
+        f"step {step!r}: no transaction could begin within the {WRITE_BUDGET:g} s write budget; "
+        "the run is handed back uncounted",
+        meta={"step": step},
+    )
 
 
 def _hung(step: str) -> JobsError:

@@ -325,6 +325,19 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
+    "jobs.webhook.refused": (
+        "info",
+        ("receiver", "status", "code", "cause"),
+        "a webhook receiver's door refused a request (body too large, signature, verify, "
+        "event id, method): nothing was queued; cause names the exception's type, never "
+        "its message or anything of the request",
+    ),
+    "jobs.webhook.failed": (
+        "error",
+        ("receiver", "status", "code", "cause"),
+        "a webhook receiver could not take an event: its enqueue failed (503, the vendor "
+        "redelivers) or it is misconfigured (500); nothing was queued",
+    ),
     "jobs.dashboard.action": (
         "info",
         ("action", "job_id", "queue", "client", "code"),
@@ -419,6 +432,10 @@ SUMMARIES: dict[str, str] = {
     "jobs.dev.database": "`trio-jobs dev` uses {database}",
     "jobs.dev.serving": "{note}",
     "jobs.dashboard.action": "an operator acted from the dashboard: {action}",
+    "jobs.webhook.refused": "receiver {receiver} answered {status}: nothing was queued",
+    "jobs.webhook.failed": (
+        "receiver {receiver} answered {status}: nothing was queued; the vendor redelivers"
+    ),
     "jobs.queue.unknown": (
         "no job declares queue {queue} and no job is in it; check its name "
         "(`trio-jobs stats` lists the queues)"

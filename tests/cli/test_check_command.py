@@ -108,9 +108,6 @@ def test_usage_errors_exit_2() -> None:
     assert invoke("check_apps.good", "--example", "1")[0] == 2  # without --job
     assert invoke("check_apps.good", "--examples", "0")[0] == 2
     assert invoke("check_apps.good", "--job", "nope")[0] == 2
-    code, _, err = invoke("check_apps.good", "--database-url", "postgresql://x@y/z")
-    assert code == 2
-    assert "X_NOT_IMPLEMENTED" in err
 
 
 def test_the_pytest_option_adds_one_item_per_job() -> None:

@@ -10,11 +10,12 @@ are this function with a printer.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import types
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -22,9 +23,11 @@ import orjson
 import trio
 
 from .._declare import Job
+from ..drivers.memory import MemoryDriver
 from ..errors import ErrorCode, JobsError
-from ._crash import _crash_proof, _point, _run_once
+from ._crash import MEMORY, Ground, _crash_proof, _point, _run_once
 from ._simulate import Faults, World, simulate_jobs
+from ._wall import Wall, attempt_wall, moved_wall
 
 __all__ = ["CheckFailure", "CheckReport", "JobCheck", "check_jobs"]
 
@@ -112,6 +115,9 @@ class Progress:
     def job_done(self, result: JobCheck) -> None:
         """The job is checked."""
 
+    def note(self, text: str) -> None:
+        """Where the gate runs (said once, before the first job)."""
+
 
 # --------------------------------------------------------------------------- hooks
 
@@ -197,7 +203,7 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
     )
-    @given(st.from_type(job.input))
+    @given(_strategy(job, st))
     def collect(value: Any) -> None:
         if len(found) >= count:
             raise Enough
@@ -222,6 +228,31 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
     if not found:
         raise _usage(f"Hypothesis drew no input {job.name} accepts; {_how_to_provide(job)}")
     return found
+
+
+def _strategy(job: Job[Any, Any], st: Any) -> Any:
+    """What the gate draws a job's inputs from: ``from_type`` of its input, but
+    for a webhook receiver's (whose payload is any JSON value, which
+    ``from_type`` cannot draw) an event id, a JSON payload and path parameters."""
+    from .._receiver import ReceivedWebhook
+
+    if job.input is not ReceivedWebhook:
+        return st.from_type(job.input)
+    ascii_text = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1)
+    scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
+    payload = st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+        ),
+        max_leaves=8,
+    )
+    return st.builds(
+        ReceivedWebhook,
+        event_id=ascii_text.filter(lambda t: len(t) <= 64),
+        payload=payload,
+        params=st.dictionaries(ascii_text, ascii_text, max_size=2),
+    )
 
 
 def _given_examples(job: Job[Any, Any], values: Any) -> list[Any]:
@@ -256,6 +287,8 @@ class _Replays:
         #: The crash_proof run going on (its boundary; ``None``: the clean run).
         self.point: str | None = None
         self.found_at: str | None = None
+        #: The wall clock the body's module reads, moved between attempts (``_wall.py``).
+        self.wall = Wall()
 
     def wrap(self, job: Job[Any, Any]) -> Job[Any, Any]:
         watched = copy.copy(job)
@@ -263,9 +296,10 @@ class _Replays:
 
         async def run(ctx: Any) -> Any:
             watch = self._watch(ctx)
-            value = body(ctx)
-            if inspect.isawaitable(value):
-                value = await value
+            with attempt_wall(self.wall, ctx._state, replay=watch is not None):
+                value = body(ctx)
+                if inspect.isawaitable(value):
+                    value = await value
             if watch is not None:
                 watch.returned()
             return value
@@ -442,7 +476,12 @@ async def check_jobs(
     and ``trio_jobs_invariant`` are used when the arguments do not give them.
     ``job``, ``example`` and ``seed`` narrow the check to one job, one of its
     examples (0-based) and one simulation seed (then only the simulation runs).
-    ``driver``: ``None`` (the memory driver) is the only one so far.
+    ``driver``: ``None`` (or a memory driver) runs everything on the memory
+    driver; a PostgreSQL driver (``postgres_driver(dsn)``, not opened) runs the
+    crash runs and the replay checks in a throwaway schema on its database,
+    made for the gate and dropped after it (so ``step.transaction`` jobs are
+    checked too). ``simulate_jobs`` is a deterministic scheduler over the
+    memory driver: the seeds run there in both cases, and ``progress.note`` says so.
 
     Raises ``JobsError(X_CONFIG_INVALID)`` when the gate cannot run (no jobs,
     inputs that cannot be drawn, a hook that raises); a job's failure is in the
@@ -451,11 +490,6 @@ async def check_jobs(
     >>> report = await check_jobs(myapp.jobs, examples=5, seeds=20)
     >>> assert report.ok, report.to_json()
     """
-    if driver is not None:
-        raise JobsError(
-            ErrorCode.X_NOT_IMPLEMENTED,
-            "check_jobs runs on the memory driver only so far; leave driver= out",
-        )
     plan = _plan_of(
         jobs,
         observe=observe,
@@ -470,11 +504,46 @@ async def check_jobs(
     )
     tell = progress or Progress()
     results = []
-    for handle in plan.handles:
-        if plan.job is not None and handle.name != plan.job:
-            continue
-        results.append(await _check_one(plan, handle, tell))
+    async with _ground(driver, crash_runs=plan.seed is None, tell=tell) as ground:
+        for handle in plan.handles:
+            if plan.job is not None and handle.name != plan.job:
+                continue
+            results.append(await _check_one(plan, handle, tell, ground))
     return CheckReport(all(r.ok for r in results), results)
+
+
+#: What the gate says when its crash runs are on PostgreSQL.
+ON_POSTGRES = (
+    "crash runs and replay checks on PostgreSQL, in the throwaway schema {schema} (dropped "
+    "afterwards); simulation seeds on the memory driver (simulate_jobs is a deterministic "
+    "scheduler over it)"
+)
+
+
+@contextlib.asynccontextmanager
+async def _ground(driver: Any, *, crash_runs: bool, tell: Progress) -> AsyncIterator[Ground]:
+    """Where the crash runs happen: the memory driver, or a throwaway schema on
+    the PostgreSQL driver's database (made only when crash runs are asked for)."""
+    if driver is None or isinstance(driver, MemoryDriver):
+        yield MEMORY
+        return
+    if getattr(driver, "name", None) != "postgres":
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            f"check_jobs runs on the memory driver or PostgreSQL, not the "
+            f"{getattr(driver, 'name', type(driver).__name__)} driver; pass driver=None "
+            "or postgres_driver(dsn)",
+        )
+    from ._pg_ground import open_postgres_ground
+
+    if not crash_runs:
+        tell.note("simulation seeds on the memory driver (simulate_jobs is a deterministic "
+                  "scheduler over it); no crash runs, so nothing runs on PostgreSQL")  # fmt: skip
+        yield MEMORY
+        return
+    async with open_postgres_ground(driver._dsn_arg) as ground:
+        tell.note(ON_POSTGRES.format(schema=ground.schema))
+        yield ground
 
 
 def _inputs(plan: _Plan, handle: Job[Any, Any]) -> list[Any]:
@@ -490,7 +559,9 @@ def _inputs(plan: _Plan, handle: Job[Any, Any]) -> list[Any]:
     return values
 
 
-async def _check_one(plan: _Plan, handle: Job[Any, Any], tell: Progress) -> JobCheck:
+async def _check_one(
+    plan: _Plan, handle: Job[Any, Any], tell: Progress, ground: Ground
+) -> JobCheck:
     values = _inputs(plan, handle)
     indexes = [plan.example] if plan.example is not None else list(range(len(values)))
     tell.job_started(handle.name, len(indexes))
@@ -502,7 +573,7 @@ async def _check_one(plan: _Plan, handle: Job[Any, Any], tell: Progress) -> JobC
 
     if plan.seed is None:
         for index in indexes:
-            found, count = await _crash_one(plan, handle, values[index], index, tell)
+            found, count = await _crash_one(plan, handle, values[index], index, tell, ground)
             boundaries += count
             if found is not None:
                 error, boundary = found
@@ -552,21 +623,37 @@ async def _check_one(plan: _Plan, handle: Job[Any, Any], tell: Progress) -> JobC
 
 
 async def _crash_one(
-    plan: _Plan, handle: Job[Any, Any], value: Any, index: int, tell: Progress
+    plan: _Plan, handle: Job[Any, Any], value: Any, index: int, tell: Progress, ground: Ground
 ) -> tuple[tuple[JobsError, str | None] | None, int]:
     """``crash_proof`` of one input, watching its replays; the failure (and its
     boundary) and how many boundaries it tried."""
     replays = _Replays(handle.name)
     watched = replays.wrap(handle)
-    others = [h for h in plan.handles if h is not handle]
     total = [0]
 
     def on_run(at: int | None, of: int, point: str | None) -> None:
         total[0] = of
         replays.point = point
+        replays.wall.restart()
         if at is not None:
             tell.boundary_done(handle.name, index, at, of)
 
+    # The body's module reads a moved wall clock for these runs (``_wall.py``).
+    with moved_wall(handle.run):
+        return await _crash_walk(plan, handle, value, watched, replays, on_run, total, ground)
+
+
+async def _crash_walk(
+    plan: _Plan,
+    handle: Job[Any, Any],
+    value: Any,
+    watched: Job[Any, Any],
+    replays: _Replays,
+    on_run: Callable[[int | None, int, str | None], None],
+    total: list[int],
+    ground: Ground,
+) -> tuple[tuple[JobsError, str | None] | None, int]:
+    others = [h for h in plan.handles if h is not handle]
     try:
         report = await _crash_proof(
             watched,
@@ -575,6 +662,7 @@ async def _crash_one(
             reset=plan.reset,
             jobs=others,
             on_run=on_run,
+            ground=ground,
         )
     except JobsError as exc:
         if exc.code == ErrorCode.X_CONFIG_INVALID:
@@ -582,8 +670,15 @@ async def _crash_one(
         if replays.found is None and total[0]:
             # A divergence may be a replay taking another path: replay the whole
             # recorded run once (killed at its last boundary) before blaming the crash.
+            replays.wall.restart(again=True)  # the replays read what the failed run's did
             hits, *_ = await _run_once(
-                watched, value, [watched, *others], plan.observe, plan.reset, total[0] - 1
+                watched,
+                value,
+                [watched, *others],
+                plan.observe,
+                plan.reset,
+                total[0] - 1,
+                ground,
             )
             if replays.found is not None and hits:
                 replays.found_at = _point(*hits[-1])

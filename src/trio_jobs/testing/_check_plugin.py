@@ -26,6 +26,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--trio-jobs-check-examples", dest="trio_jobs_check_examples", type=int, default=20
     )
     group.addoption("--trio-jobs-check-seeds", dest="trio_jobs_check_seeds", type=int, default=100)
+    group.addoption(
+        "--trio-jobs-check-database-url",
+        dest="trio_jobs_check_database_url",
+        default=None,
+        metavar="DSN",
+        help="Run the gate's crash runs on PostgreSQL (as `trio-jobs check --database-url`).",
+    )
 
 
 class CheckFailed(Exception):
@@ -51,6 +58,12 @@ class JobCheckItem(pytest.Item):
 
         examples = self.config.getoption("trio_jobs_check_examples")
         seeds = self.config.getoption("trio_jobs_check_seeds")
+        dsn = self.config.getoption("trio_jobs_check_database_url")
+        driver = None
+        if dsn:
+            from ..drivers.postgres import postgres_driver
+
+            driver = postgres_driver(dsn)
 
         async def go() -> Any:
             return await check_jobs(
@@ -58,8 +71,9 @@ class JobCheckItem(pytest.Item):
                 job=self.job,
                 examples=examples,
                 seeds=seeds,
+                driver=driver,
                 reproduce=lambda name, k, s: reproduce_command(
-                    self.target, examples, seeds, False, name, k, s
+                    self.target, examples, seeds, False, name, k, s, dsn or None
                 ),
             )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -17,7 +17,7 @@ from ..drivers.memory import MemoryDriver
 from ..errors import ErrorCode, JobsError
 from ._harness import HarnessClock
 
-__all__ = ["CrashReport", "crash_proof"]
+__all__ = ["MEMORY", "CrashReport", "Ground", "MemoryGround", "crash_proof"]
 
 #: The visibility timeout crash_proof's workers use; a killed run resumes one past it.
 CRASH_VT = 30.0
@@ -108,8 +108,57 @@ async def _call(fn: Callable[[], Any] | None) -> Any:
     return value
 
 
+class Ground(Protocol):
+    """Where the runs happen: a fresh world for each, and what a run left in it.
+    :class:`MemoryGround` (a new memory driver per run) is the default; the
+    gate's PostgreSQL one is in ``_pg_ground.py``."""
+
+    def world(
+        self, handles: list[Job[Any, Any]]
+    ) -> contextlib.AbstractAsyncContextManager[tuple[Jobs, Any, HarnessClock]]:
+        """An empty queue with ``handles`` registered: its facade, driver and clock."""
+        ...
+
+    async def next_wake(self, driver: Any) -> float | None:
+        """When the next live row is due (a running one: when its lease ends); ``None``: none."""
+        ...
+
+    async def started_step(self, driver: Any) -> bool:
+        """Whether a ``once`` step was left ``started``."""
+        ...
+
+
+class MemoryGround:
+    """Each run on a memory driver of its own, on a frozen clock of its own."""
+
+    @contextlib.asynccontextmanager
+    async def world(
+        self, handles: list[Job[Any, Any]]
+    ) -> AsyncIterator[tuple[Jobs, Any, HarnessClock]]:
+        clock = HarnessClock()
+        driver = MemoryDriver(clock=clock)
+        async with open_jobs(driver, jobs=handles) as facade:
+            yield facade, driver, clock
+
+    async def next_wake(self, driver: MemoryDriver) -> float | None:
+        waits = [
+            row.lease_expires_at if row.state == "running" else row.run_at
+            for row in driver._rows.values()
+            if row.state not in TERMINAL_STATES and row.tx is None
+        ]
+        return min(waits) if waits else None
+
+    async def started_step(self, driver: MemoryDriver) -> bool:
+        return any(
+            rec.status == "started" for recs in driver._steps.values() for rec in recs.values()
+        )
+
+
+MEMORY = MemoryGround()
+
+
 async def _run_to_rest(
-    facade: Jobs, driver: MemoryDriver, clock: HarnessClock, hook: Any, queues: list[str]
+    facade: Jobs, driver: Any, clock: HarnessClock, hook: Any, queues: list[str], ground: Ground
 ) -> None:
     """Run workers until every row is terminal, fast-forwarding every wait."""
     for _ in range(MAX_PASSES):
@@ -123,14 +172,10 @@ async def _run_to_rest(
         )
         await worker.run_until_quiet()
         now = driver.now()
-        waits = []
-        for row in driver._rows.values():
-            if row.state in TERMINAL_STATES or row.tx is not None:
-                continue
-            waits.append(row.lease_expires_at if row.state == "running" else row.run_at)
-        if not waits:
+        wake = await ground.next_wake(driver)
+        if wake is None:
             return
-        clock.advance(max(0.0, min(waits) - now) + 0.001)
+        clock.advance(max(0.0, wake - now) + 0.001)
     raise JobsError(
         ErrorCode.X_INVARIANT, f"crash_proof: the job did not come to rest in {MAX_PASSES} passes"
     )
@@ -143,15 +188,14 @@ async def _run_once(
     observe: Callable[[], Any] | None,
     reset: Callable[[], Any] | None,
     kill_at: int | None,
+    ground: Ground = MEMORY,
 ) -> tuple[list[tuple[str, str | None]], Any, Any, bool]:
     await _call(reset)
-    clock = HarnessClock()
-    driver = MemoryDriver(clock=clock)
     queues = sorted({h.queue for h in handles})
     hits: list[tuple[str, str | None]] = []
     switch = _Switch()
     started_step = False
-    async with open_jobs(driver, jobs=handles) as facade:
+    async with ground.world(handles) as (facade, driver, clock):
         enqueued = await job.enqueue(input)
 
         async def hook(boundary: str, step: str | None) -> None:
@@ -164,17 +208,15 @@ async def _run_once(
 
         doomed = Jobs(_Dead(driver, switch), list(facade.handles.values()), ids=facade.ids)
         try:
-            await _run_to_rest(doomed, driver, clock, hook, queues)
+            await _run_to_rest(doomed, driver, clock, hook, queues, ground)
         except BaseException as exc:
             if not _contains_killed(exc):
                 raise
         if switch.killed:
-            started_step = any(
-                rec.status == "started" for recs in driver._steps.values() for rec in recs.values()
-            )
+            started_step = await ground.started_step(driver)
             # A fresh worker resumes once the lease has lapsed; it counts no boundaries.
             clock.advance(CRASH_VT + 1)
-            await _run_to_rest(facade, driver, clock, None, queues)
+            await _run_to_rest(facade, driver, clock, None, queues, ground)
         view = await facade.show(enqueued.id)
         if observe is None:
             # No hook: what the run left in the queue is the world.
@@ -218,13 +260,17 @@ async def _crash_proof(
     reset: Callable[[], Any] | None,
     jobs: Sequence[Job[Any, Any]] | None,
     on_run: Callable[[int | None, int, str | None], None] | None = None,
+    ground: Ground = MEMORY,
 ) -> CrashReport:
     """:func:`crash_proof`; ``on_run(index, total, point)`` is told before each
-    run (``None``: the clean one) and once more after the last (``index == total``)."""
+    run (``None``: the clean one) and once more after the last (``index == total``);
+    ``ground`` is where the runs happen (a new memory driver each, by default)."""
     handles = [job, *(jobs or [])]
     if on_run is not None:
         on_run(None, 0, None)
-    hits, reference, ref_view, _ = await _run_once(job, input, handles, observe, reset, None)
+    hits, reference, ref_view, _ = await _run_once(
+        job, input, handles, observe, reset, None, ground
+    )
     if ref_view.state not in TERMINAL_STATES:
         raise JobsError(
             ErrorCode.X_INVARIANT,
@@ -234,7 +280,9 @@ async def _crash_proof(
     for index, (boundary, step) in enumerate(hits):
         if on_run is not None:
             on_run(index, len(hits), _point(boundary, step))
-        _hits, snapshot, view, started = await _run_once(job, input, handles, observe, reset, index)
+        _hits, snapshot, view, started = await _run_once(
+            job, input, handles, observe, reset, index, ground
+        )
         point = _point(boundary, step)
         if started:
             if view.state == "dead" and view.error_code == ErrorCode.X_STEP_OUTCOME_UNKNOWN:

@@ -640,6 +640,36 @@ class DriverConformance(BackfillConformance, RateLimitConformance):
         [entry] = await d.attempt_log(last.id)
         assert (entry.outcome, entry.error_code) == ("lapsed", ErrorCode.X_JOB_LEASE_LOST)
 
+    async def test_a_done_attempt_stays_closed_when_its_job_is_requeued(
+        self, target: Target
+    ) -> None:
+        """The ack's entry reads as done, ended at the settle, before and after a
+        requeue, and the requeued run's claim opens the next entry beside it (a
+        driver may close the entry lazily: the PostgreSQL ack leaves it to its
+        readers, and its requeue closes it for good)."""
+        d = target.driver
+        intro = _intro(d)
+        await d.enqueue_many([request(key="again")])
+        job = await _one(d, "w1")
+        await target.advance(1.0)
+        settled = d.now()
+        assert await d.ack(job.id, AckOptions(fence=job.fence))
+        [done] = await d.attempt_log(job.id)
+        assert (done.attempt, done.worker_id, done.outcome) == (1, "w1", "done")
+        assert done.ended_at == pytest.approx(settled, abs=1e-3)
+        await target.advance(5.0)
+        await intro.requeue(job.id)
+        assert await d.attempt_log(job.id) == [done]  # still done, still ended then
+        again = await _one(d, "w2")
+        log = await d.attempt_log(job.id)
+        assert [(e.attempt, e.worker_id, e.outcome) for e in log] == [
+            (1, "w1", "done"),
+            (1, "w2", None),
+        ]
+        assert log[0] == done
+        assert await d.nack(again.id, NackOptions(fence=again.fence, state="ready", counted=True))
+        assert [e.outcome for e in await d.attempt_log(job.id)] == ["done", "retried"]
+
     async def test_a_cancel_of_a_running_job_closes_its_attempt(self, target: Target) -> None:
         d = target.driver
         intro = _intro(d)

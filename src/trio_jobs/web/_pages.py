@@ -38,6 +38,7 @@ __all__ = [
     "job_page",
     "overview",
     "task_list",
+    "webhook_list",
     "worker_list",
 ]
 
@@ -258,6 +259,18 @@ async def worker_list(d: Dashboard, ctx: Req) -> Response:
 async def backfill_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /backfills``: the backfill ledger, one row per pass, newest first."""
     return await _list_page(d, ctx, d.jobs.backfills, "backfills.html", "backfills", "passes")
+
+
+async def webhook_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /webhooks``: the webhook ledger: every endpoint with its consecutive
+    failures and disabled mark, and the newest delivery attempts."""
+    from .._webhook_ledger import read_webhooks
+
+    async def fetch() -> dict[str, Any]:
+        endpoints, attempts = await read_webhooks(d.jobs, limit=200)
+        return {"endpoints": endpoints, "attempts": attempts}
+
+    return await _list_page(d, ctx, fetch, "webhooks.html", "webhooks", "ledger")
 
 
 async def task_list(d: Dashboard, ctx: Req) -> Response:

@@ -266,3 +266,59 @@ async def test_a_transaction_that_keeps_failing_is_handed_back_uncounted(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_retry_whose_transaction_cannot_begin_is_bounded_by_the_budget(
+    pdriver: PostgresDriver,
+    pg_dsn: str,
+    pg_schema: str,
+    caplog: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a fault, the retry's wait for a transaction to begin (a connect that
+    hangs, a pool held by stuck writes) ends with the write budget: the run is
+    handed back uncounted, not left waiting. Here the first try's BEGIN fails and
+    every later one hangs until the test lets go."""
+    from trio_jobs.drivers.postgres._bridge import unavailable
+
+    caplog.set_level(logging.INFO, logger="trio_jobs")
+    monkeypatch.setattr(_context, "WRITE_BUDGET", BUDGET)
+    monkeypatch.setattr(_worker, "WRITE_BUDGET", BUDGET)
+    await trio.to_thread.run_sync(_tables, pg_dsn, pg_schema)
+    async with open_jobs(pdriver, jobs=[once_more]) as jobs:
+        enq = await once_more.enqueue(Move("h", 0, 0))
+        real = pdriver.transaction
+        tries: list[int] = []
+        hanging = trio.Event()  # set: transactions begin again
+
+        @asynccontextmanager
+        async def transaction() -> AsyncIterator[Any]:
+            tries.append(1)
+            if len(tries) == 1:
+                raise unavailable(None)
+            if not hanging.is_set():
+                await hanging.wait()
+            async with real() as tx:
+                yield tx
+
+        pdriver.transaction = transaction  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            worker = Worker(jobs, poll_interval="50ms", visibility_timeout="60s")
+            await nursery.start(worker.run)
+            # Without the bound the retry would wait here until the test ends.
+            await until(
+                lambda: _true(bool(events(caplog, "jobs.attempt.faulted"))),
+                timeout=10 * BUDGET,
+                what="the hand-back",
+            )
+            hanging.set()
+            view = await until(lambda: _settled(jobs, enq.id), timeout=30.0, what="settled")
+            stats = worker.stats()
+            await worker.drain()
+    assert (view.state, view.attempts) == ("done", 1)
+    assert stats.faulted >= 1
+    assert (stats.retried, stats.dead_lettered) == (0, 0)
+    assert calls == {"h": 1}
+    faulted = events(caplog, "jobs.attempt.faulted")[0]
+    assert faulted.__dict__["code"] == ErrorCode.X_DRIVER_UNAVAILABLE
+    assert await trio.to_thread.run_sync(_effects, pg_dsn, pg_schema) == ["h"]

@@ -9,11 +9,12 @@
 -- name: show
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
-    priority, updated_at, worker_id, sensitive, attempt_log
+    priority, updated_at, worker_id, sensitive,
+    trio_jobs_attempt_read(attempt_log, state, updated_at)
 FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: attempt_log
-SELECT attempt_log FROM trio_jobs_jobs WHERE id = %(id)s;
+SELECT trio_jobs_attempt_read(attempt_log, state, updated_at) FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: show_for_update
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -95,7 +96,8 @@ DELETE FROM trio_jobs_steps WHERE job_id = %(id)s AND name = %(step)s;
 
 -- name: requeue_row
 UPDATE trio_jobs_jobs SET state = 'ready', attempts = 0, run_at = n.now, error_code = NULL,
-    last_error = NULL, result = NULL, updated_at = n.now
+    last_error = NULL, result = NULL, updated_at = n.now,
+    attempt_log = trio_jobs_attempt_read(attempt_log, state, updated_at)
 FROM (SELECT trio_jobs_now(%(now)s) AS now) n
 WHERE id = %(id)s
 RETURNING queue;
@@ -190,7 +192,8 @@ locked AS MATERIALIZED (
 ),
 moved AS (
     UPDATE trio_jobs_jobs j SET state = 'ready', attempts = 0, run_at = n.now,
-        error_code = NULL, last_error = NULL, result = NULL, updated_at = n.now
+        error_code = NULL, last_error = NULL, result = NULL, updated_at = n.now,
+        attempt_log = trio_jobs_attempt_read(j.attempt_log, j.state, j.updated_at)
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.queue

@@ -297,8 +297,9 @@ locked AS MATERIALIZED (
 hit AS (
     UPDATE trio_jobs_jobs j SET
         state = 'done', result = l.result::json, worker_id = NULL,
-        updated_at = n.now, progress = coalesce(l.progress::json, j.progress),
-        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'done', NULL, NULL)
+        updated_at = n.now, progress = coalesce(l.progress::json, j.progress)
+        -- the attempt log's entry stays open: readers close a done row's with
+        -- its updated_at (trio_jobs_attempt_read), sparing the jsonb rewrite
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now

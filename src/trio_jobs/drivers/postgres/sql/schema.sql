@@ -177,6 +177,16 @@ AS $$
            END
 $$;
 
+-- A stored log as readers see it: a done row's last entry, left open by the
+-- ack (0011), closed with the row's settle time.
+CREATE FUNCTION trio_jobs_attempt_read(log jsonb, state text, settled_at float8)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN state = 'done' THEN trio_jobs_attempt_end(log, settled_at, 'done', NULL, NULL)
+                ELSE log END
+$$;
+
 CREATE TABLE trio_jobs_events (
     id           bigserial PRIMARY KEY,
     name         text NOT NULL,
@@ -282,4 +292,28 @@ CREATE TABLE trio_jobs_tasks (
     leader           text,
     lease_expires_at float8,
     updated_at       float8 NOT NULL
+);
+-- The webhook ledger (0012): one row per delivery attempt of a webhook() job,
+-- and one per endpoint with its consecutive failures and disabled mark.
+CREATE TABLE trio_jobs_webhook_attempts (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    endpoint_id text NOT NULL,
+    event_id    text NOT NULL,
+    attempt     integer NOT NULL CHECK (attempt >= 0),
+    status      integer,
+    code        text,
+    at          float8 NOT NULL,
+    duration_ms float8 NOT NULL CHECK (duration_ms >= 0)
+);
+-- ledger.attempts(endpoint_id=...), ledger.attempts(event_id=...), and the newest overall.
+CREATE INDEX trio_jobs_webhook_attempts_endpoint_idx
+    ON trio_jobs_webhook_attempts (endpoint_id, at DESC, id DESC);
+CREATE INDEX trio_jobs_webhook_attempts_event_idx
+    ON trio_jobs_webhook_attempts (event_id, at DESC, id DESC);
+CREATE INDEX trio_jobs_webhook_attempts_at_idx ON trio_jobs_webhook_attempts (at DESC, id DESC);
+CREATE TABLE trio_jobs_webhook_endpoints (
+    endpoint_id          text PRIMARY KEY,
+    consecutive_failures integer NOT NULL CHECK (consecutive_failures >= 0),
+    disabled_at          float8,
+    last_attempt_at      float8 NOT NULL
 );
