@@ -6,6 +6,7 @@ with a :class:`Worker`. See ``docs/`` for the tutorial.
 """
 
 from ._backfill import backfill
+from ._consumer import ConsumerBatch, consumer
 from ._context import JobContext, Signal, Steps, run_to_completion
 from ._declare import Concurrency, Enqueued, Job, Retry, job
 from ._facade import (
@@ -21,6 +22,15 @@ from ._facade import (
 )
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
+from ._receiver import (
+    DEFAULT_WEBHOOK_BODY_LIMIT,
+    Answer,
+    Inbound,
+    ReceivedWebhook,
+    Verified,
+    verify_body_hmac,
+    webhook_receiver,
+)
 from ._retention import PurgeResult, Retention, purge_expired
 from ._settled import Outcome, Settled
 from ._subject import (
@@ -33,6 +43,15 @@ from ._subject import (
     subject_proof,
 )
 from ._task import Occurrence, TaskView, next_fire, task
+from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
+from ._webhook_ledger import (
+    WebhookAttempt,
+    WebhookEndpointState,
+    WebhookLedger,
+    memory_webhook_ledger,
+    postgres_webhook_ledger,
+)
+from ._webhook_signature import verify_webhook_signature
 from ._worker import Worker, WorkerStats
 from .drivers import (
     MAX_BULK_ROWS,
@@ -51,15 +70,20 @@ from .errors import ErrorCode, JobsError, register_error_retry
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "DEFAULT_WEBHOOK_BODY_LIMIT",
     "MAX_BULK_ROWS",
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
     "Anonymize",
+    "Answer",
     "BackfillRow",
     "Concurrency",
+    "ConsumerBatch",
+    "Endpoint",
     "Enqueued",
     "ErrorCode",
+    "Inbound",
     "Job",
     "JobContext",
     "JobPage",
@@ -70,6 +94,7 @@ __all__ = [
     "Outcome",
     "PurgeResult",
     "RateLimiter",
+    "ReceivedWebhook",
     "Retain",
     "Retention",
     "Retry",
@@ -80,19 +105,28 @@ __all__ = [
     "Subject",
     "TaskView",
     "Transaction",
+    "Verified",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpointState",
+    "WebhookEvent",
+    "WebhookLedger",
     "Worker",
     "WorkerObserver",
     "WorkerStats",
     "acting_as",
     "backfill",
+    "consumer",
     "cross_tenant",
     "current_jobs",
     "define_subject",
     "job",
     "memory_driver",
+    "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
     "postgres_driver",
+    "postgres_webhook_ledger",
     "publish_event",
     "purge_expired",
     "rate_limiter",
@@ -104,4 +138,8 @@ __all__ = [
     "subject_export",
     "subject_proof",
     "task",
+    "verify_body_hmac",
+    "verify_webhook_signature",
+    "webhook",
+    "webhook_receiver",
 ]

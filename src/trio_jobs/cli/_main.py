@@ -40,6 +40,7 @@ from ._operate import OPERATOR_COMMANDS
 from ._tasks import TASK_COMMANDS
 from ._usage import JobsGroup
 from ._verify import verify
+from ._webhooks import webhooks_command
 
 __all__ = ["main"]
 
@@ -362,3 +363,5 @@ main.add_command(verify)
 # tasks, pause-task, resume-task (src/trio_jobs/cli/_tasks.py).
 for _command in TASK_COMMANDS:
     main.add_command(_command)
+# webhooks: the webhook ledger (src/trio_jobs/cli/_webhooks.py).
+main.add_command(webhooks_command)
