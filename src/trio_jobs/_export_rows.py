@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import orjson
 
-from ._backfill import _call, _check_callable, _items_of
+from ._backfill import _items_of
+from ._context import _call
+from ._declare import check_function
 from ._declare import Concurrency, Job, Retry
 from ._enqueue import _MISSING
 from ._import_rows import (
@@ -157,8 +159,10 @@ def export_rows(
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
     name_ok = _check_name(name, faults)
-    _check_callable(source, "source", "source(input, cursor) answering (rows, next_cursor)", faults)
-    _check_callable(sink, "sink", "sink(input) answering an obstore store", faults, 1)
+    check_function(
+        source, "source", 2, "source(input, cursor) answering (rows, next_cursor)", faults
+    )
+    check_function(sink, "sink", 1, "sink(input) answering an obstore store", faults)
     if prefix is _MISSING or prefix is None:
         faults.append("prefix= is required: a str or a function of the input")
     elif not _prefix_ok(prefix):

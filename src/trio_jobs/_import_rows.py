@@ -29,7 +29,9 @@ import attrs
 import cattrs
 import orjson
 
-from ._backfill import MAX_NAME, _call, _check_callable
+from ._backfill import MAX_NAME
+from ._context import _call
+from ._declare import check_function
 from ._declare import Concurrency, Job, Retry, job
 from ._enqueue import _MISSING
 from ._serialization import converter
@@ -236,9 +238,9 @@ def import_rows(
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
     name_ok = _check_name(name, faults)
-    _check_callable(source, "source", "source(input) answering an obstore store", faults, 1)
-    _check_callable(key, "key", "key(input) answering the object's key", faults, 1)
-    _check_callable(handle, "handle", "handle(rows, input) writing one batch", faults)
+    check_function(source, "source", 1, "source(input) answering an obstore store", faults)
+    check_function(key, "key", 1, "key(input) answering the object's key", faults)
+    check_function(handle, "handle", 2, "handle(rows, input) writing one batch", faults)
     if format not in _FORMATS:
         faults.append('format must be "csv" or "ndjson"')
     cols = _check_columns(columns, schema, faults)

@@ -136,8 +136,23 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_IMPORT_SOURCE_CHANGED: "terminal",
     ErrorCode.X_IMPORT_SOURCE_MISSING: "terminal",
     ErrorCode.X_IMPORT_TOO_MANY_ERRORS: "terminal",
+    # The same declaration and tables give the same answer (PYTHON-API, data jobs).
+    ErrorCode.X_SUBJECT_CYCLE: "terminal",
+    ErrorCode.X_SUBJECT_ERASE_INCOMPLETE: "terminal",
+    ErrorCode.X_SUBJECT_TABLE_UNDECLARED: "terminal",
+    ErrorCode.X_SUBJECT_TREATMENT_INVALID: "terminal",
+    # A consumer's callables answered what no retry changes (a cursor of the
+    # wrong type, keys that cannot run): the same answer again.
+    ErrorCode.X_CONSUMER_INVALID: "terminal",
     ErrorCode.X_RATE_LIMITED: "retry-after",
     ErrorCode.X_WEBHOOK_DELIVERY_THROTTLED: "retry-after",
+    # webhook(): nothing was sent, and the same endpoint or event answers the
+    # same on the next attempt (an app re-enabling an endpoint re-enqueues).
+    ErrorCode.X_WEBHOOK_ENDPOINT_DISABLED: "terminal",
+    ErrorCode.X_WEBHOOK_ENDPOINT_INVALID: "terminal",
+    ErrorCode.X_WEBHOOK_ENDPOINT_UNKNOWN: "terminal",
+    ErrorCode.X_WEBHOOK_EVENT_INVALID: "terminal",
+    ErrorCode.X_WEBHOOK_EVENT_UNKNOWN: "terminal",
 }
 _app_retry: dict[str, RetryClass] = {}
 _lock = threading.Lock()
