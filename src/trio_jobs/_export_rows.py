@@ -18,8 +18,7 @@ import orjson
 
 from ._backfill import _items_of
 from ._context import _call
-from ._declare import check_function
-from ._declare import Concurrency, Job, Retry
+from ._declare import Concurrency, Job, Retry, check_function
 from ._enqueue import _MISSING
 from ._import_rows import (
     PAGE_STEP_PREFIX,

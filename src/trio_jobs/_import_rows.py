@@ -31,8 +31,7 @@ import orjson
 
 from ._backfill import MAX_NAME
 from ._context import _call
-from ._declare import check_function
-from ._declare import Concurrency, Job, Retry, job
+from ._declare import Concurrency, Job, Retry, check_function, job
 from ._enqueue import _MISSING
 from ._serialization import converter
 from ._store import ObjectMeta, get_range, head, put
