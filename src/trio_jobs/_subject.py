@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import orjson
 
-from ._backfill import _call
+from ._context import _call
 from ._declare import Job, Retry, job
 from ._enqueue import _MISSING
 from .errors import ErrorCode, JobDeclarationError, JobsError
