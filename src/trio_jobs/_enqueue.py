@@ -33,6 +33,7 @@ __all__ = [
     "current_facade",
     "enqueue_inputs",
     "job_ref",
+    "stage_requests",
 ]
 
 #: "Argument not passed" (``enqueue_as(None, ...)`` passes ``None`` on purpose).
@@ -192,6 +193,46 @@ async def enqueue_inputs(
     """The one enqueue implementation: every refusal before the first write."""
     facade = current_facade()
     _ambient.check_not_aborted()
+    requests = stage_requests(
+        facade,
+        handle,
+        inputs,
+        run_ids=run_ids,
+        delay=delay,
+        run_at=run_at,
+        tenant_id=tenant_id,
+        priority=priority,
+        actor=actor,
+    )
+    if not requests:
+        return []
+    driver = await facade._resolved_driver()
+    tx = _ambient.tx_var.get()
+    results = []
+    for start in range(0, len(requests), ENQUEUE_CHUNK):
+        chunk = requests[start : start + ENQUEUE_CHUNK]
+        if tx is not None and tx.jobs is facade:
+            got = await tx.driver_tx.enqueue_many(chunk)
+        else:
+            got = await driver.enqueue_many(chunk)
+        results.extend(got)
+    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+
+
+def stage_requests(
+    facade: Jobs,
+    handle: Job[Any, Any],
+    inputs: Sequence[Any],
+    *,
+    run_ids: Sequence[Any],
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> list[EnqueueRequest]:
+    """The rows an enqueue of ``inputs`` writes, every refusal raised before any
+    write (``step.invoke``/``step.gather`` write them inside the step's record)."""
     if len(inputs) > MAX_ENQUEUE_BATCH:
         raise JobsError(
             ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
@@ -290,19 +331,7 @@ async def enqueue_inputs(
                 sensitive=sensitive,
             )
         )
-    if not requests:
-        return []
-    driver = await facade._resolved_driver()
-    tx = _ambient.tx_var.get()
-    results = []
-    for start in range(0, len(requests), ENQUEUE_CHUNK):
-        chunk = requests[start : start + ENQUEUE_CHUNK]
-        if tx is not None and tx.jobs is facade:
-            got = await tx.driver_tx.enqueue_many(chunk)
-        else:
-            got = await driver.enqueue_many(chunk)
-        results.extend(got)
-    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+    return requests
 
 
 def _outside(handle: Job[Any, Any], source: str) -> JobsError:

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from operator import attrgetter
 from typing import Any
 
+import attrs
 import outcome
 import psycopg
 import trio
@@ -45,6 +46,7 @@ from .._protocol import (
     BulkFilter,
     BulkPreview,
     BulkResult,
+    ChildState,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -117,6 +119,7 @@ _SHARED_SCALARS = (
     "run_at",
     "delay",
     "sensitive",
+    "parent_id",
 )
 _SHARED_JSON = ("actor", "trace_context")
 
@@ -465,6 +468,7 @@ class PostgresDriver:
                 "actor": _json_or_none(r.actor),
                 "trace_context": _json_or_none(r.trace_context),
                 "sensitive": r.sensitive,
+                "parent_id": r.parent_id,
                 "channel": self.channel,
                 "notify": allowed,
             },
@@ -677,6 +681,7 @@ class PostgresDriver:
                 "run_at": options.run_at,
                 "delay": options.delay,
                 "waiting_event": options.waiting_event,
+                "wait_children": options.wait_children,
                 "busy_key": options.busy_key if options.state == "ready" else None,
                 "c_retried": 1 if (not final and options.counted) else 0,
                 "c_failed": 1 if options.state == "failed" else 0,
@@ -956,6 +961,13 @@ class _PgSteps:
     async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
         return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
 
+    async def children(self, ids: Sequence[str]) -> list[ChildState]:
+        if not ids:
+            return []
+        rows = await self._d._fetch("children", {"ids": list(ids)})
+        found = {r[0]: ChildState(r[0], r[1], r[2], r[3]) for r in rows}
+        return [found.get(i) or ChildState(i, "cancelled", None, ErrorCode.X_ABORTED) for i in ids]
+
 
 # --------------------------------------------------------------------------- events
 
@@ -1154,7 +1166,13 @@ class _PgIntrospection:
         if not rows:
             raise _not_found()
         steps = await run("show_steps", {"id": job_id})
-        return self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        view = self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        parent = rows[0][22]
+        return attrs.evolve(
+            view,
+            parent_id=str(parent) if parent is not None else None,
+            children=tuple(rows[0][23] or ()),
+        )
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_Run]:

@@ -35,6 +35,7 @@ from .._protocol import (
     ORPHAN_MESSAGE,
     AckOptions,
     AttemptRecord,
+    ChildState,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -841,6 +842,14 @@ class _RedisTx:
 class _RedisSteps:
     def __init__(self, driver: RedisDriver) -> None:
         self._d = driver
+
+    async def children(self, ids: Sequence[str]) -> list[ChildState]:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "the Redis driver does not run child jobs yet (step.invoke/step.gather need a "
+            "child's settle to count down its parent in the settle's own script); use the "
+            "memory or PostgreSQL driver for them",
+        )
 
     async def load(self, job_id: str) -> list[StepRecord]:
         d = self._d

@@ -41,20 +41,23 @@ input AS (
         coalesce(t.delay, %(delay)s::float8) AS delay,
         coalesce(t.actor, %(actor)s::json) AS actor,
         coalesce(t.trace_context, %(trace_context)s::json) AS trace_context,
-        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive
+        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive,
+        coalesce(t.parent_id, %(parent_id)s::uuid) AS parent_id
     FROM json_to_recordset(%(rows)s::json) AS t(
         ord int, id uuid, run_id uuid, name text, queue text, payload json, tenant_id text,
         idempotency_key text, concurrency_key text, max_attempts int, priority int,
-        run_at float8, delay float8, actor json, trace_context json, sensitive boolean)
+        run_at float8, delay float8, actor json, trace_context json, sensitive boolean,
+        parent_id uuid)
 ),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive)
+        trace_context, sensitive, parent_id)
     SELECT i.id, i.run_id, i.name, i.queue, i.payload, i.tenant_id, i.idempotency_key,
         i.concurrency_key, i.max_attempts, i.priority,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END,
-        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false)
+        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false),
+        i.parent_id
     FROM input i
     CROSS JOIN n
     CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
@@ -96,11 +99,11 @@ WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive)
+        trace_context, sensitive, parent_id)
     SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
         %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
-        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool
+        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool, %(parent_id)s::uuid
     FROM n
     CROSS JOIN LATERAL (
         SELECT coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) AS run_at
@@ -365,8 +368,11 @@ hit AS (
         state = %(state)s,
         run_at = CASE WHEN %(final)s THEN j.run_at
                       WHEN %(busy_key)s::text IS NOT NULL AND NOT b.held THEN n.now
+                      -- waiting on children none of which is live any more (0018)
+                      WHEN %(wait_children)s AND j.children_pending <= 0 THEN n.now
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
         waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END,
+        wait_children = %(wait_children)s::bool AND NOT %(final)s,
         busy_key = CASE WHEN b.held THEN %(busy_key)s::text END,
         attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, %(outcome)s,
             %(attempt_code)s::text, %(attempt_error)s::text)
