@@ -95,7 +95,7 @@ async def test_cancelling_a_parent_cancels_its_live_children(pg_dsn: str, pg_sch
             await nursery.start(worker.run)
             await _until(jobs, enq.id, "suspended")
             view = await jobs.show(enq.id)
-            while len(view.children) < 3:  # noqa: ASYNC110 — bounded by _until's ceiling
+            while len(view.children) < 3:
                 view = await jobs.show(enq.id)
             for c in view.children:
                 await _until(jobs, c, "delayed")
