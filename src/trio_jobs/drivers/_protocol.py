@@ -156,6 +156,13 @@ class EnqueueRequest:
     #: The job was declared ``sensitive=True``: the row says so, so a reader that
     #: holds no handle (the CLI) still redacts its payload, keys and outputs.
     sensitive: bool = False
+    #: ``job(debounce=)`` in seconds: a live row of this key that has not started
+    #: takes this request's payload and concurrency key and is due this long
+    #: after now (answered deduped); no such row: a new one due then.
+    debounce: float | None = None
+    #: ``job(unique_for=)`` in seconds: with no live row of this key, the newest
+    #: row of it that settled less than this long ago answers, deduped.
+    unique_for: float | None = None
 
 
 @attrs.frozen

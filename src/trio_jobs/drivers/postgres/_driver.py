@@ -383,6 +383,8 @@ class PostgresDriver:
         after_commit: list[Callable[[], None]] | None,
     ) -> list[EnqueueResult]:
         self.db  # noqa: B018 — refuse a closed driver before any work
+        if any(r.debounce is not None or r.unique_for is not None for r in requests):
+            return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         if len(requests) == 1:
             inserted = await self._enqueue_one(run, requests[0], after_commit=after_commit)
             if inserted is not None:
@@ -436,6 +438,60 @@ class PostgresDriver:
             else:
                 after_commit.append(lambda: self._fire(queues))
         return [r for r in out if r is not None]
+
+    async def _enqueue_keyed(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        """Requests of a job declaring ``debounce=`` or ``unique_for=``: one
+        statement each, in order (a later input of one key moves the row an
+        earlier one inserted)."""
+        out: list[EnqueueResult] = []
+        ready_queues: set[str] = set()
+        for r in requests:
+            params = {
+                "id": r.id,
+                "run_id": r.run_id,
+                "name": r.name,
+                "queue": r.queue,
+                "payload": _json_or_none(r.payload),
+                "tenant_id": r.tenant_id,
+                "key": r.idempotency_key,
+                "ckey": r.concurrency_key,
+                "max_attempts": r.max_attempts,
+                "priority": r.priority,
+                "run_at": r.run_at,
+                "delay": r.delay,
+                "actor": _json_or_none(r.actor),
+                "trace_context": _json_or_none(r.trace_context),
+                "sensitive": r.sensitive,
+                "debounce": r.debounce,
+                "unique_for": r.unique_for,
+            }
+            for _round in range(ENQUEUE_ROUNDS):
+                rows = await run("enqueue_keyed", params)
+                if rows:
+                    break
+            else:
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "enqueue could not settle who holds an idempotency key after "
+                    f"{ENQUEUE_ROUNDS} rounds; retry the enqueue",
+                )
+            job_id, run_id, deduped, state = rows[0]
+            out.append(EnqueueResult(job_id, run_id, bool(deduped)))
+            if state == "ready":
+                ready_queues.add(r.queue)
+        if ready_queues:
+            queues = sorted(ready_queues)
+            if after_commit is None:
+                self._fire(queues)
+            else:
+                after_commit.append(lambda: self._fire(queues))
+        return out
 
     async def _enqueue_one(
         self,
