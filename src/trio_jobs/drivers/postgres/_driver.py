@@ -167,6 +167,27 @@ def _channel(schema: str) -> str:
     return f"trio_jobs_{digest}"
 
 
+def _row_params(r: EnqueueRequest) -> dict[str, Any]:
+    """One request's columns as enqueue_one and enqueue_keyed name them."""
+    return {
+        "id": r.id,
+        "run_id": r.run_id,
+        "name": r.name,
+        "queue": r.queue,
+        "payload": _json_or_none(r.payload),
+        "tenant_id": r.tenant_id,
+        "key": r.idempotency_key,
+        "ckey": r.concurrency_key,
+        "max_attempts": r.max_attempts,
+        "priority": r.priority,
+        "run_at": r.run_at,
+        "delay": r.delay,
+        "actor": _json_or_none(r.actor),
+        "trace_context": _json_or_none(r.trace_context),
+        "sensitive": r.sensitive,
+    }
+
+
 class PostgresDriver:
     """The PostgreSQL driver. See :func:`~trio_jobs.drivers.postgres.postgres_driver`."""
 
@@ -452,25 +473,9 @@ class PostgresDriver:
         out: list[EnqueueResult] = []
         ready_queues: set[str] = set()
         for r in requests:
-            params = {
-                "id": r.id,
-                "run_id": r.run_id,
-                "name": r.name,
-                "queue": r.queue,
-                "payload": _json_or_none(r.payload),
-                "tenant_id": r.tenant_id,
-                "key": r.idempotency_key,
-                "ckey": r.concurrency_key,
-                "max_attempts": r.max_attempts,
-                "priority": r.priority,
-                "run_at": r.run_at,
-                "delay": r.delay,
-                "actor": _json_or_none(r.actor),
-                "trace_context": _json_or_none(r.trace_context),
-                "sensitive": r.sensitive,
-                "debounce": r.debounce,
-                "unique_for": r.unique_for,
-            }
+            params = _row_params(r)
+            params["debounce"] = r.debounce
+            params["unique_for"] = r.unique_for
             for _round in range(ENQUEUE_ROUNDS):
                 rows = await run("enqueue_keyed", params)
                 if rows:
@@ -503,28 +508,10 @@ class PostgresDriver:
         """The single-request fast path: the new row's result, or None when the
         insert met a live key or a known id (nothing was written)."""
         allowed = bool(self._notify_allowed([r.queue]))
-        rows = await run(
-            "enqueue_one",
-            {
-                "id": r.id,
-                "run_id": r.run_id,
-                "name": r.name,
-                "queue": r.queue,
-                "payload": _json_or_none(r.payload),
-                "tenant_id": r.tenant_id,
-                "key": r.idempotency_key,
-                "ckey": r.concurrency_key,
-                "max_attempts": r.max_attempts,
-                "priority": r.priority,
-                "run_at": r.run_at,
-                "delay": r.delay,
-                "actor": _json_or_none(r.actor),
-                "trace_context": _json_or_none(r.trace_context),
-                "sensitive": r.sensitive,
-                "channel": self.channel,
-                "notify": allowed,
-            },
-        )
+        params = _row_params(r)
+        params["channel"] = self.channel
+        params["notify"] = allowed
+        rows = await run("enqueue_one", params)
         if not rows:
             return None
         state, notified = rows[0]
