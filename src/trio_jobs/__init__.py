@@ -22,6 +22,7 @@ from ._facade import (
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
 from ._retention import PurgeResult, Retention, purge_expired
+from ._rollup import Bucket, refresh_view, rollup
 from ._settled import Outcome, Settled
 from ._task import Occurrence, TaskView, next_fire, task
 from ._worker import Worker, WorkerStats
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_JOB_PAGE",
     "Actor",
     "BackfillRow",
+    "Bucket",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
@@ -84,7 +86,9 @@ __all__ = [
     "purge_expired",
     "rate_limiter",
     "redis_driver",
+    "refresh_view",
     "register_error_retry",
+    "rollup",
     "run_to_completion",
     "set_job_driver",
     "task",

@@ -119,6 +119,8 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_JOB_INPUT_INVALID: "terminal",
     ErrorCode.X_JOB_DECLARATION_INVALID: "terminal",
     ErrorCode.X_CONSUMER_SELF_ENQUEUE: "terminal",
+    ErrorCode.X_JOB_ROLLUP_INVALID: "terminal",
+    ErrorCode.X_JOB_REFRESH_VIEW_INVALID: "terminal",
     ErrorCode.X_RATE_LIMITED: "retry-after",
     ErrorCode.X_WEBHOOK_DELIVERY_THROTTLED: "retry-after",
 }
