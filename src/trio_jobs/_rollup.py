@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -119,7 +119,8 @@ class Bucket:
                 seconds=local.second,
                 microseconds=local.microsecond,
             )
-            start = at - cut
+            # In UTC: arithmetic on a zoned datetime is on its wall clock.
+            start = at.astimezone(UTC) - cut
             offset = local.utcoffset()
             if start.astimezone(self.zone).utcoffset() != offset:
                 start = _change_after(start, at, self.zone, offset)

@@ -67,6 +67,16 @@ def test_the_start_of_the_bucket_holding_an_instant(
     assert got <= at
 
 
+@pytest.mark.parametrize("unit", ["minute", "hour", "day"])
+def test_an_instant_given_in_the_zone_itself_is_the_same_instant(unit: str) -> None:
+    # 02:20 CET, the second pass of the repeated hour, given as a Paris datetime (fold=1)
+    at = datetime.fromtimestamp(utc(2026, 10, 25, 1, 20).timestamp(), PARIS)
+    assert at.fold == 1
+    bucket = Bucket(unit, "Europe/Paris")
+    assert bucket.start(at).timestamp() == bucket.start(at.astimezone(UTC)).timestamp()
+    assert bucket.start(at) <= at
+
+
 def test_a_start_in_the_skipped_hour_is_read_as_the_change_itself() -> None:
     got = Bucket("day", "America/Santiago").start(utc(2022, 9, 11, 12))
     assert (got.hour, got.minute, got.utcoffset()) == (1, 0, timedelta(hours=-3))
@@ -86,11 +96,14 @@ def test_start_takes_an_aware_datetime_only() -> None:
         max_value=datetime(2037, 1, 1),  # noqa: DTZ001
         timezones=st.just(UTC),
     ),
+    local=st.booleans(),
 )
 def test_a_start_is_at_or_before_the_instant_and_starts_its_own_bucket(
-    unit: str, tz: str, at: datetime
+    unit: str, tz: str, at: datetime, local: bool
 ) -> None:
     bucket = Bucket(unit, tz)
+    if local:  # the same instant, given in the bucket's zone
+        at = datetime.fromtimestamp(at.timestamp(), ZoneInfo(tz))
     start = bucket.start(at)
     assert start <= at
     assert bucket.start(start) == start
