@@ -45,6 +45,7 @@ SRC = Path(trio_jobs.__file__).resolve().parent
 TOP_LEVEL = [
     "Actor",
     "BackfillRow",
+    "Bucket",
     "Concurrency",
     "Enqueued",
     "ErrorCode",
@@ -85,7 +86,9 @@ TOP_LEVEL = [
     "purge_expired",
     "rate_limiter",
     "redis_driver",
+    "refresh_view",
     "register_error_retry",
+    "rollup",
     "run_to_completion",
     "set_job_driver",
     "task",
