@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 import attrs
 
+from ._backfill import _call
 from ._declare import Concurrency, Job, Retry, job
 from ._enqueue import _MISSING
 from ._serialization import UnserializableError, converter, dumps
@@ -235,13 +236,6 @@ def _declare(
             code, f"{kind} declaration is invalid: " + "; ".join(faults), meta={"faults": faults}
         )
     return declare
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 def _quote(column: str) -> str:
