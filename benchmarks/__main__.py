@@ -26,9 +26,13 @@ from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result, profi
 SUITES: dict[str, str] = {
     "postgres": "benchmarks.postgres",
     "rate": "benchmarks.rate",
+    "receiver": "benchmarks.receiver",
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
     "check-gate": "benchmarks.check_gate",
+    "data": "benchmarks.data",
+    "subjects": "benchmarks.subjects",
+    "webhooks": "benchmarks.webhooks",
 }
 
 

@@ -65,6 +65,9 @@ def json_shapes() -> dict[str, str]:
         '"failed", "dead", "duration"}, ...]}',
         "backfills": '{"backfills": [{"name", "job_id", "pages", "items", "cursor", '
         '"started_at", "finished_at"}, ...]}',
+        "webhooks": '{"endpoints": [{"endpoint_id", "consecutive_failures", "disabled", '
+        '"disabled_at", "last_attempt_at"}, ...], "attempts": [{"endpoint_id", "event_id", '
+        '"attempt", "status", "code", "at", "duration_ms"}, ...]}',
         "migrate": '{"ok": true, "applied": [VERSION, ...], "version": N, "database": SOURCE}',
         "dev": '{"rows": [{"id", "state", "attempts", "steps", "result"}, ...], "effects": {...}, '
         '"database": SOURCE, "interrupted": false}',

@@ -22,7 +22,7 @@ from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs
 from ._serialization import converter, json_schema, payload_form, too_deep
 from ._time import Duration, parse_duration
 from ._validate import check_text, text_fault
-from .errors import ErrorCode, JobDeclarationError, JobsError
+from .errors import ErrorCode, JobDeclarationError, JobsError, error
 
 if TYPE_CHECKING:
     from ._context import JobContext
@@ -200,6 +200,9 @@ class Job(Generic[I, R]):
     #: Which factory made the handle: ``"job"`` for :func:`job`, ``"backfill"``
     #: for :func:`~trio_jobs.backfill`, ... (each factory sets its own).
     kind: str = "job"
+    #: Handles registered wherever this one is listed (``open_jobs(jobs=...)``, a
+    #: worker): a consumer's supervisor task and arm job. Empty for a plain job.
+    companions: tuple[Job[Any, Any], ...] = ()
 
     def __init__(
         self,
@@ -679,7 +682,7 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
     """Index handles by name; two different handles with one name are refused."""
     by_name: dict[str, Job[Any, Any]] = {}
     faults: list[str] = []
-    for handle in jobs:
+    for handle in with_companions(jobs):
         if not isinstance(handle, Job):
             faults.append(f"jobs= takes job handles; got a {type(handle).__name__}")
             continue
@@ -693,6 +696,63 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
             ErrorCode.X_JOB_DECLARATION_INVALID, "; ".join(faults), meta={"faults": faults}
         )
     return by_name
+
+
+# ---------------------------------------------------------------------- factories
+# The checks the factories over job() (backfill(), consumer()) share.
+
+
+def takes(fn: Callable[..., Any], n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments (``True``
+    when its signature cannot be read: the call will tell)."""
+    try:
+        inspect.signature(fn).bind(*([None] * n))
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def check_function(value: object, field: str, n: int, shape: str, faults: _faults_t) -> None:
+    """A factory's required function argument: given, callable, taking ``n``
+    positional arguments; ``shape`` shows how it is called."""
+    if value is _MISSING or value is None:
+        faults.append(f"{field}= is required: {shape}")
+    elif not callable(value):
+        faults.append(f"{field} must be a function: {shape}")
+    elif not takes(value, n):
+        count = ("no arguments", "one argument", "two arguments", "three arguments")[n]
+        faults.append(f"{field} must take {count}: {shape}")
+
+
+def check_factory_name(name: object, limit: int, why: str, faults: _faults_t) -> bool:
+    """A factory's required ``name=`` (``why``: what it names); whether it is good."""
+    if name is _MISSING or name is None:
+        faults.append(f"name= is required: {why}")
+    elif not isinstance(name, str) or not name.strip() or len(name) > limit:
+        faults.append(f"name must be a non-empty string of at most {limit} characters")
+    elif (fault := text_fault(name)) is not None:
+        faults.append(f"name cannot be stored: {fault}")
+    else:
+        return True
+    return False
+
+
+def refuse_declaration(code: ErrorCode, what: str, faults: _faults_t) -> JobsError:
+    """The one refusal naming every fault of a declaration (``what``: ``"task"``, ...)."""
+    return error(code, f"{what} declaration is invalid: " + "; ".join(faults), faults=faults)
+
+
+def with_companions(jobs: Sequence[Any]) -> list[Any]:
+    """``jobs`` with each handle's companions after it (a consumer's supervisor
+    task and arm job), in order."""
+    out: list[Any] = []
+    for handle in jobs:
+        out.append(handle)
+        if isinstance(handle, Job):
+            out.extend(handle.companions)
+    return out
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:

@@ -317,8 +317,27 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "a scheduler's lease renewal or fire failed (the store is away); it tries again "
         "within a second, backing off to the renewal interval",
     ),
+    "jobs.consumer.lag-failed": (
+        "warning",
+        ("job_id", "job", "error_type", "code", "hint"),
+        "a consumer's lag(key, cursor) raised (error_type, code) or answered no count: the "
+        "batch is committed all the same, and the run's progress keeps its last lag",
+    ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
+    "jobs.webhook.refused": (
+        "info",
+        ("receiver", "status", "code", "cause"),
+        "a webhook receiver's door refused a request (body too large, signature, verify, "
+        "event id, method): nothing was queued; cause names the exception's type, never "
+        "its message or anything of the request",
+    ),
+    "jobs.webhook.failed": (
+        "error",
+        ("receiver", "status", "code", "cause"),
+        "a webhook receiver could not take an event: its enqueue failed (503, the vendor "
+        "redelivers) or it is misconfigured (500); nothing was queued",
+    ),
     "jobs.dashboard.action": (
         "info",
         ("action", "job_id", "queue", "client", "code"),
@@ -401,6 +420,7 @@ SUMMARIES: dict[str, str] = {
     ),
     "jobs.supervisor.stopped": "every worker process has exited: {outcome}",
     "jobs.task.leading": "this process leads task {task} now",
+    "jobs.consumer.lag-failed": "consumer {job}: lag() gave no count; the batch is committed",
     "jobs.task.fired": "task {task}: {occurrences} occurrence(s) fired",
     "jobs.task.catch-up-capped": (
         "task {task}: more than 1,000 occurrences fell due; the newest {fired} fired, the "
@@ -412,6 +432,10 @@ SUMMARIES: dict[str, str] = {
     "jobs.dev.database": "`trio-jobs dev` uses {database}",
     "jobs.dev.serving": "{note}",
     "jobs.dashboard.action": "an operator acted from the dashboard: {action}",
+    "jobs.webhook.refused": "receiver {receiver} answered {status}: nothing was queued",
+    "jobs.webhook.failed": (
+        "receiver {receiver} answered {status}: nothing was queued; the vendor redelivers"
+    ),
     "jobs.queue.unknown": (
         "no job declares queue {queue} and no job is in it; check its name "
         "(`trio-jobs stats` lists the queues)"

@@ -112,3 +112,22 @@ async def test_bad_arguments_are_refused() -> None:
         await check_jobs([])
     with pytest.raises(JobsError, match="past checkout's"):
         await check_jobs(good, job="checkout", examples=2, example=5)
+
+
+async def test_a_webhook_receivers_inputs_are_drawn_and_checked() -> None:
+    """A receiver's input holds any JSON payload, which from_type cannot draw: the
+    gate draws an event id, a JSON payload and path parameters instead."""
+    from trio_jobs import ReceivedWebhook, Verified, webhook_receiver
+
+    async def handle(ctx: object) -> None:
+        return None
+
+    hook = webhook_receiver(
+        name="hooks.checked", path="/hooks/c", verify=lambda i: Verified("e"), handle=handle
+    )
+    drawn = draw_examples(hook, 5)
+    assert len(drawn) == 5
+    assert all(isinstance(v, ReceivedWebhook) for v in drawn)
+    assert len({v.event_id for v in drawn}) == 5
+    report = await check_jobs([hook], examples=3, seeds=3)
+    assert report.ok

@@ -116,6 +116,16 @@ def check_job_name(name: str | None, flag: str) -> None:
         )
 
 
+def check_webhook_id(value: str | None, flag: str) -> None:
+    if value is not None and (not value.strip() or len(value) > MAX_NAME):
+        raise _bad(
+            f"{flag} is an id a webhook delivery names: a non-empty string of at most "
+            f"{MAX_NAME} characters; `trio-jobs webhooks` lists them"
+        )
+    if value is not None:
+        check_text(value, flag)
+
+
 def check_step(step: str | None, flag: str) -> None:
     if step is not None and (not step or len(step) > MAX_NAME):
         raise _bad(

@@ -98,6 +98,7 @@ VIEW_FIELDS: tuple[str, ...] = (
     "worker_id",
     "sensitive",
     "attempt_log",
+    "consumer",
     # derived
     "next_retry",
     "redacted",
@@ -169,6 +170,10 @@ def view_json(view: JobView) -> dict[str, Any]:
             }
             for a in view.attempt_log
         ],
+        # a consumer run's key, last batch and lag (null for any other job)
+        "consumer": None
+        if view.consumer is None
+        else {**view.consumer, "key": value(view.consumer.get("key"))},
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
     }

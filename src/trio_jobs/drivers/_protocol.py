@@ -621,6 +621,11 @@ class JobView:
     #: The newest claims of the job, oldest first (``show`` fills it; a list
     #: row leaves it empty): see :class:`AttemptRecord`.
     attempt_log: Sequence[AttemptRecord] = ()
+    #: For a run of a :func:`~trio_jobs.consumer` (``show`` fills it; ``None``
+    #: otherwise): ``{"key", "last_batch_at", "lag"}`` — the run's key, when its
+    #: last batch committed (Unix seconds, or ``None``) and what ``lag=`` last
+    #: answered (or ``None``).
+    consumer: Mapping[str, Any] | None = None
 
 
 @attrs.frozen

@@ -203,7 +203,7 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
     )
-    @given(st.from_type(job.input))
+    @given(_strategy(job, st))
     def collect(value: Any) -> None:
         if len(found) >= count:
             raise Enough
@@ -228,6 +228,31 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
     if not found:
         raise _usage(f"Hypothesis drew no input {job.name} accepts; {_how_to_provide(job)}")
     return found
+
+
+def _strategy(job: Job[Any, Any], st: Any) -> Any:
+    """What the gate draws a job's inputs from: ``from_type`` of its input, but
+    for a webhook receiver's (whose payload is any JSON value, which
+    ``from_type`` cannot draw) an event id, a JSON payload and path parameters."""
+    from .._receiver import ReceivedWebhook
+
+    if job.input is not ReceivedWebhook:
+        return st.from_type(job.input)
+    ascii_text = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1)
+    scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
+    payload = st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+        ),
+        max_leaves=8,
+    )
+    return st.builds(
+        ReceivedWebhook,
+        event_id=ascii_text.filter(lambda t: len(t) <= 64),
+        payload=payload,
+        params=st.dictionaries(ascii_text, ascii_text, max_size=2),
+    )
 
 
 def _given_examples(job: Job[Any, Any], values: Any) -> list[Any]:

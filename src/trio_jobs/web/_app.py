@@ -32,6 +32,7 @@ from ..errors import ErrorCode, JobsError
 from . import _actions, _pages
 from ._metrics import CONTENT_TYPE, render_metrics
 from ._operator import AsOperator
+from ._receivers import ReceiverDoors, receiver_routes
 from ._security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -62,6 +63,8 @@ NAV = (
     ("workers", "/workers", "Workers"),
     ("backfills", "/backfills", "Backfills"),
     ("tasks", "/tasks", "Tasks"),
+    ("consumers", "/consumers", "Consumers"),
+    ("webhooks", "/webhooks", "Webhooks"),
 )
 
 _DONE_TEXT = {
@@ -156,6 +159,8 @@ class Dashboard:
             Route("/workers", self._wrap(_pages.worker_list), methods=get),
             Route("/backfills", self._wrap(_pages.backfill_list), methods=get),
             Route("/tasks", self._wrap(_pages.task_list), methods=get),
+            Route("/consumers", self._wrap(_pages.consumer_list), methods=get),
+            Route("/webhooks", self._wrap(_pages.webhook_list), methods=get),
             Route("/tasks/pause", self._wrap(_actions.pause_task), methods=post),
             Route("/tasks/resume", self._wrap(_actions.resume_task), methods=post),
             Route("/metrics", self.metrics, methods=get),
@@ -358,9 +363,15 @@ def create_app(
     works: links follow the mount's ``root_path``).
 
     Pages: ``/`` (queues, throughput, workers, newest dead letters), ``/jobs``
-    (filters and keyset paging), ``/dead``, ``/workers``, ``/backfills``, ``/<job id>`` (the
+    (filters and keyset paging), ``/dead``, ``/workers``, ``/backfills``, ``/webhooks``, ``/<job id>`` (the
     attempt history, the step timeline, error, progress and actions), and
     ``/metrics`` (Prometheus).
+
+    Every :func:`~trio_jobs.webhook_receiver` among the facade's jobs gets its
+    door at its ``path`` (under the app's mount): ``POST``, and ``GET`` for its
+    handshake. A receiver is a public door: the ``Host`` check, the auth hook,
+    CSRF and the loopback rule below do not apply to it (its signature is its
+    guard), and the dashboard's own routes answer first where paths overlap.
 
     Access is closed by default: without ``auth`` only loopback clients that
     are not behind a proxy are served (403 otherwise). ``auth(request)`` answers
@@ -389,6 +400,29 @@ def create_app(
         app = Starlette(routes=[Mount("/admin/jobs", create_app(jobs, auth=is_admin,
                                                                 allowed_hosts=["ops.example.com"]))])
     """
+    return build_app(
+        jobs,
+        auth=auth,
+        allowed_hosts=allowed_hosts,
+        secret=secret,
+        registry=registry,
+        reveal_unregistered=reveal_unregistered,
+        receivers=True,
+    )
+
+
+def build_app(
+    jobs: Jobs,
+    *,
+    auth: Auth | None,
+    allowed_hosts: Iterable[str] | None,
+    secret: bytes | None,
+    registry: CollectorRegistry | None,
+    reveal_unregistered: bool,
+    receivers: bool,
+) -> Starlette:
+    """:func:`create_app`, with or without the receivers' doors (``standalone_app``
+    mounts those at the top instead)."""
     dashboard = Dashboard(
         jobs,
         auth=auth,
@@ -397,10 +431,15 @@ def create_app(
         reveal_unregistered=reveal_unregistered,
         allowed_hosts=allowed_hosts,
     )
+    routes = dashboard.routes()
+    doors = receiver_routes(jobs) if receivers else []
+    # The receivers' doors sit outside the Host check (a public door: the
+    # signature is its guard); the dashboard's own routes answer first.
+    outer = [Middleware(ReceiverDoors, routes=doors, shadow=lambda: routes)] if doors else []
     # The operator's view: no ambient actor the mounting app set confines it.
     app = Starlette(
-        routes=dashboard.routes(),
-        middleware=[*dashboard.middleware(), Middleware(AsOperator)],
+        routes=routes,
+        middleware=[*outer, *dashboard.middleware(), Middleware(AsOperator)],
     )
     app.state.dashboard = dashboard
     return app

@@ -31,7 +31,16 @@ from ..errors import ErrorCode, JobsError
 if TYPE_CHECKING:
     from ._app import Dashboard, Req
 
-__all__ = ["dead_letters", "job_list", "job_page", "overview", "task_list", "worker_list"]
+__all__ = [
+    "consumer_list",
+    "dead_letters",
+    "job_list",
+    "job_page",
+    "overview",
+    "task_list",
+    "webhook_list",
+    "worker_list",
+]
 
 #: Minutes of throughput each sparkline draws.
 SPARK_MINUTES = 60
@@ -252,9 +261,31 @@ async def backfill_list(d: Dashboard, ctx: Req) -> Response:
     return await _list_page(d, ctx, d.jobs.backfills, "backfills.html", "backfills", "passes")
 
 
+async def webhook_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /webhooks``: the webhook ledger: every endpoint with its consecutive
+    failures and disabled mark, and the newest delivery attempts."""
+    from .._webhook_ledger import read_webhooks
+
+    async def fetch() -> dict[str, Any]:
+        endpoints, attempts = await read_webhooks(d.jobs, limit=200)
+        return {"endpoints": endpoints, "attempts": attempts}
+
+    return await _list_page(d, ctx, fetch, "webhooks.html", "webhooks", "ledger")
+
+
 async def task_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /tasks``: every scheduled task, paused or not, its last and next fire."""
     return await _list_page(d, ctx, d.jobs.tasks, "tasks.html", "tasks", "tasks")
+
+
+async def consumer_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /consumers``: every key of every consumer, by its newest run: its
+    state, when its last batch committed, and its lag."""
+    from .._consumer import consumer_rows
+
+    return await _list_page(
+        d, ctx, lambda: consumer_rows(d.jobs), "consumers.html", "consumers", "consumers"
+    )
 
 
 async def job_page(d: Dashboard, ctx: Req) -> Response:

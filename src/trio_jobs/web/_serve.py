@@ -13,11 +13,12 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from .._facade import Jobs
 from ..errors import ErrorCode, JobsError
-from ._app import Dashboard, create_app
+from ._app import Dashboard, build_app
+from ._receivers import ReceiverDoors, receiver_routes
 from ._security import Auth, HostGuard, is_loopback_host
 
 __all__ = ["DEFAULT_PREFIX", "serve", "standalone_app"]
@@ -38,30 +39,38 @@ def standalone_app(
     """The dashboard mounted at ``prefix``, ``/metrics`` at the top, ``/`` redirecting
     to the dashboard: what :func:`serve` and ``trio-jobs dashboard`` serve. Every
     route, ``/metrics`` and ``/`` included, checks ``Host`` as
-    :func:`~trio_jobs.web.create_app` says."""
+    :func:`~trio_jobs.web.create_app` says. Every
+    :func:`~trio_jobs.webhook_receiver` among the facade's jobs is served at its
+    own ``path`` (from the top, not under ``prefix``), outside those checks."""
     if not prefix.startswith("/") or prefix.endswith("/") or len(prefix) < 2:
         raise JobsError(
             ErrorCode.X_CONFIG_INVALID, "prefix is a path like /admin/jobs (no trailing slash)"
         )
-    dashboard_app = create_app(
+    dashboard_app = build_app(
         jobs,
         auth=auth,
         allowed_hosts=allowed_hosts,
         secret=secret,
+        registry=None,
         reveal_unregistered=reveal_unregistered,
+        receivers=False,
     )
     dashboard: Dashboard = dashboard_app.state.dashboard
 
     async def home(request: Request) -> Response:
         return RedirectResponse(prefix + "/", status_code=307)
 
+    routes: list[BaseRoute] = [
+        Route("/", home, methods=["GET", "HEAD"]),
+        Route("/metrics", dashboard.metrics, methods=["GET", "HEAD"]),
+        Mount(prefix, app=dashboard_app),
+    ]
+    # The receivers' doors at their own paths, outside the Host check.
+    doors = receiver_routes(jobs)
+    outer = [Middleware(ReceiverDoors, routes=doors, shadow=lambda: routes)] if doors else []
     return Starlette(
-        routes=[
-            Route("/", home, methods=["GET", "HEAD"]),
-            Route("/metrics", dashboard.metrics, methods=["GET", "HEAD"]),
-            Mount(prefix, app=dashboard_app),
-        ],
-        middleware=[Middleware(HostGuard, rules=dashboard.hosts)],
+        routes=routes,
+        middleware=[*outer, Middleware(HostGuard, rules=dashboard.hosts)],
     )
 
 
