@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 
 import attrs
 
-from ._backfill import _call
+from ._context import _call
 from ._declare import Concurrency, Job, Retry, job
 from ._enqueue import _MISSING
 from ._serialization import UnserializableError, converter, dumps
