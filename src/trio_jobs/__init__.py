@@ -34,6 +34,7 @@ from ._receiver import (
     webhook_receiver,
 )
 from ._retention import PurgeResult, Retention, purge_expired
+from ._rollup import Bucket, refresh_view, rollup
 from ._settled import Outcome, Settled
 from ._subject import (
     Anonymize,
@@ -80,6 +81,7 @@ __all__ = [
     "Anonymize",
     "Answer",
     "BackfillRow",
+    "Bucket",
     "Concurrency",
     "ConsumerBatch",
     "Endpoint",
@@ -136,7 +138,9 @@ __all__ = [
     "purge_expired",
     "rate_limiter",
     "redis_driver",
+    "refresh_view",
     "register_error_retry",
+    "rollup",
     "run_to_completion",
     "set_job_driver",
     "subject_erase",

@@ -44,6 +44,8 @@ _log = logging.getLogger("trio_jobs")
 
 RESERVED_STEP = "unwinding"
 COMPENSATE_PREFIX = "compensate:"
+#: A ``step.patched`` marker's record is named ``patch:<change_id>``.
+PATCH_PREFIX = "patch:"
 MAX_STEP_NAME = 200
 #: The bounded budget for a shielded write after the body was cancelled.
 WRITE_BUDGET = 10.0
@@ -620,6 +622,63 @@ class Steps:
         await s.hit("after-record", step_name)
         raise Handback("delayed", wake_at)
 
+    async def patched(self, change_id: str) -> bool:
+        """Whether this run takes the patched path at this point of the body.
+
+        ``True`` in a run that reaches this call on code that has the patch;
+        ``False`` in a run whose stored steps already go past this point (it
+        recorded steps this attempt has not replayed yet) without the patch's
+        marker: it replays the old path. The first answer is recorded as the
+        step ``patch:<change_id>``, so every later attempt of the run answers
+        the same.
+
+        >>> if await ctx.step.patched("fix-rounding"):
+        ...     total = await ctx.step.run("total", lambda: round_half_even(amount))
+        ... else:
+        ...     total = await ctx.step.run("total", lambda: round(amount))
+        """
+        s = self._s
+        name = s.claim_name(_patch_name(change_id, "step.patched"), what="step.patched")
+        rec = s.records.get(name)
+        if rec is not None and rec.status == "completed":
+            return bool(rec.output)
+        # Past this point already: a stored step (not the framework's unwind
+        # records) this attempt has not reached. Steps run at once in a nursery
+        # may reach it in another order; either way the answer is recorded.
+        answer = not any(
+            other not in s.used
+            and other != RESERVED_STEP
+            and not other.startswith(COMPENSATE_PREFIX)
+            for other in s.records
+        )
+        if s.unwinding:
+            # The unwind replays the body to find its compensations and writes
+            # no step: the answer the run would have recorded, unrecorded.
+            return answer
+        s.refuse_past_abort(name)
+        await s.hit("before-step", name)
+        now = s.driver.now()
+        await s.put(
+            StepRecord(
+                name=name,
+                status="completed",
+                seq=s.seq_for(name),
+                executions=1,
+                output=answer,
+                started_at=now,
+                ended_at=now,
+            )
+        )
+        await s.hit("after-record", name)
+        return answer
+
+    async def deprecate_patch(self, change_id: str) -> None:
+        """Stand where ``patched(change_id)`` stood once every run that took the
+        old path has settled: it records nothing, and a run holding the marker
+        replays past it unchanged. The next release can delete the line."""
+        s = self._s
+        s.claim_name(_patch_name(change_id, "step.deprecate_patch"), what="step.deprecate_patch")
+
     async def wait_for_event(
         self,
         name: str,
@@ -888,6 +947,20 @@ async def _enqueue_children(
     s.records[step_name] = record
     await s.hit("after-enqueue", step_name)
     return record
+
+
+def _patch_name(change_id: object, what: str) -> str:
+    if (
+        not isinstance(change_id, str)
+        or not change_id
+        or len(change_id) > MAX_STEP_NAME - len(PATCH_PREFIX)
+    ):
+        raise JobsError(
+            ErrorCode.X_JOB_DECLARATION_INVALID,
+            f"{what} needs a change id: a non-empty string of at most "
+            f'{MAX_STEP_NAME - len(PATCH_PREFIX)} characters ("fix-rounding")',
+        )
+    return PATCH_PREFIX + change_id
 
 
 def _check_compensate(s: RunState, name: str, compensate: Callable[..., Any] | None) -> None:

@@ -224,6 +224,8 @@ class Job(Generic[I, R]):
         on_settled: Callable[[Settled], Any] | None,
         on_settled_timeout: float,
         sensitive: bool,
+        debounce: float | None = None,
+        unique_for: float | None = None,
     ) -> None:
         self.run = fn
         self.name = name
@@ -242,6 +244,12 @@ class Job(Generic[I, R]):
         self.on_settled = on_settled
         self.on_settled_timeout = on_settled_timeout
         self.sensitive = sensitive
+        #: Seconds: enqueues of one key inside the window collapse into one run
+        #: that starts this long after the last of them (``None``: no debounce).
+        self.debounce = debounce
+        #: Seconds a key stays taken after its run settled (``None``: only a
+        #: live key dedupes).
+        self.unique_for = unique_for
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__qualname__ = getattr(fn, "__qualname__", name)
@@ -411,6 +419,8 @@ class Job(Generic[I, R]):
             "step_timeout": self.step_timeout,
             "event_poll": self.event_poll,
             "compensates": self.compensates,
+            "debounce": self.debounce,
+            "unique_for": self.unique_for,
         }
 
     # ------------------------------------------------------------------ enqueue
@@ -534,6 +544,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
 ) -> Callable[[Callable[[JobContext[I]], Awaitable[R]]], Job[I, R]]: ...
 
 
@@ -554,6 +566,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
 ) -> Callable[[Callable[[JobContext[None]], Awaitable[R]]], Job[None, R]]: ...
 
 
@@ -573,6 +587,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
     **unknown: Any,
 ) -> Callable[[Callable[..., Any]], Job[Any, Any]]:
     """Declare a job. Decorate an ``async def body(ctx: JobContext[I])``.
@@ -616,6 +632,13 @@ def job(
         faults.append("on_settled must be a function taking a Settled")
     if not isinstance(sensitive, bool):
         faults.append("sensitive must be True or False")
+    debounce_s = _duration(debounce, "debounce", faults, default=None)
+    unique_for_s = _duration(unique_for, "unique_for", faults, default=None)
+    if debounce is not None and when_busy == "fail":
+        faults.append(
+            "debounce cannot go with concurrency when_busy='fail' (a collapsed run "
+            "would be refused for a busy key it never saw); use when_busy='wait'"
+        )
 
     def decorate(fn: Callable[..., Any]) -> Job[Any, Any]:
         body_faults = list(faults)
@@ -665,6 +688,8 @@ def job(
             on_settled=on_settled,
             on_settled_timeout=settled_timeout_s if settled_timeout_s is not None else 30.0,
             sensitive=sensitive,
+            debounce=debounce_s,
+            unique_for=unique_for_s,
         )
 
     if faults:

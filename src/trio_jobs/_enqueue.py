@@ -240,6 +240,14 @@ def stage_requests(
         )
     if delay is not None and run_at is not None:
         raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
+    debounce, unique_for = handle.debounce, handle.unique_for
+    if debounce is not None and (delay is not None or run_at is not None):
+        raise JobsError(
+            ErrorCode.X_INVARIANT,
+            f"{handle.name} declares debounce=: its run starts debounce after the last "
+            "enqueue of its key; drop delay=/run_at= (nothing was queued)",
+            meta={"job": handle.name},
+        )
     # The run's options, checked once for the whole call against the range every
     # driver stores (_validate.py): nothing reaches a driver that one of them
     # would refuse or corrupt.
@@ -329,6 +337,8 @@ def stage_requests(
                 actor=actor_obj.to_json() if actor_obj is not None else None,
                 trace_context=trace_context,
                 sensitive=sensitive,
+                debounce=debounce,
+                unique_for=unique_for,
             )
         )
     return requests

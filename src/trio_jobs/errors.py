@@ -130,6 +130,8 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_JOB_INPUT_INVALID: "terminal",
     ErrorCode.X_JOB_DECLARATION_INVALID: "terminal",
     ErrorCode.X_CONSUMER_SELF_ENQUEUE: "terminal",
+    ErrorCode.X_JOB_ROLLUP_INVALID: "terminal",
+    ErrorCode.X_JOB_REFRESH_VIEW_INVALID: "terminal",
     # The same file gives the same answer (PYTHON-API.md, data jobs).
     ErrorCode.X_IMPORT_HEADER_MISMATCH: "terminal",
     ErrorCode.X_IMPORT_RECORD_TOO_LARGE: "terminal",

@@ -160,6 +160,13 @@ class EnqueueRequest:
     #: The run that enqueued this one from ``step.invoke``/``step.gather``: the
     #: row's settle makes that parent due once it has no live child left.
     parent_id: str | None = None
+    #: ``job(debounce=)`` in seconds: a live row of this key that has not started
+    #: takes this request's payload and concurrency key and is due this long
+    #: after now (answered deduped); no such row: a new one due then.
+    debounce: float | None = None
+    #: ``job(unique_for=)`` in seconds: with no live row of this key, the newest
+    #: row of it that settled less than this long ago answers, deduped.
+    unique_for: float | None = None
 
 
 @attrs.frozen

@@ -115,6 +115,8 @@ class _Row:
     wait_children: bool = False
     #: This child's settle already counted down its parent (once per live period).
     child_settled: bool = False
+    #: Enqueued by a job declaring ``unique_for=``: its key is remembered when it settles.
+    unique: bool = False
 
     def end_attempt(
         self,
@@ -145,6 +147,12 @@ def _key(name: str, tenant_id: str | None, key: str) -> tuple[str, str | None, s
 
 #: A counter cell holds done, retried, failed, dead, then the summed duration.
 _COUNTER_FIELDS = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
+
+
+def _not_started(row: _Row) -> bool:
+    """A row a debounced enqueue may still move: never claimed (a sleep's
+    hand-back is uncounted, so the attempt log says it, not ``attempts``)."""
+    return not row.attempt_log and row.state in ("ready", "delayed") and row.busy_key is None
 
 
 def _live_key(row: _Row) -> tuple[str, str | None, str]:
@@ -219,6 +227,8 @@ class MemoryDriver:
         self.clock: Clock = clock if clock is not None else TrioClock()
         self._rows: dict[str, _Row] = {}
         self._live: dict[tuple[str, str | None, str], str] = {}
+        #: The newest settled row of each key enqueued with ``unique_for=``.
+        self._settled_keys: dict[tuple[str, str | None, str], str] = {}
         self._steps: dict[str, dict[str, StepRecord]] = {}
         self._events: list[EventRecord] = []
         self._leases: dict[tuple[str, int], tuple[str, Fence, float]] = {}
@@ -346,6 +356,8 @@ class MemoryDriver:
             existing = self._live.get(key)
             if existing is not None:
                 row = self._rows[existing]
+                if req.debounce is not None and _not_started(row):
+                    self._debounce(row, req, now)
                 out.append(EnqueueResult(row.id, row.run_id, True))
                 continue
             if req.id in self._rows:
@@ -353,7 +365,19 @@ class MemoryDriver:
                 row = self._rows[req.id]
                 out.append(EnqueueResult(row.id, row.run_id, True))
                 continue
-            run_at = req.run_at if req.run_at is not None else now + (req.delay or 0.0)
+            if req.unique_for is not None:
+                settled = self._rows.get(self._settled_keys.get(key, ""))
+                if (
+                    settled is not None
+                    and settled.state in TERMINAL_STATES
+                    and settled.updated_at + req.unique_for > now
+                ):
+                    out.append(EnqueueResult(settled.id, settled.run_id, True))
+                    continue
+            if req.debounce is not None:
+                run_at = now + req.debounce
+            else:
+                run_at = req.run_at if req.run_at is not None else now + (req.delay or 0.0)
             row = _Row(
                 id=req.id,
                 run_id=req.run_id,
@@ -375,6 +399,7 @@ class MemoryDriver:
                 tx=tx,
                 sensitive=req.sensitive,
                 parent_id=req.parent_id,
+                unique=req.unique_for is not None,
             )
             self._rows[row.id] = row
             self._live[key] = row.id
@@ -388,6 +413,16 @@ class MemoryDriver:
         if woke:
             self._wake.fire()
         return out
+
+    def _debounce(self, row: _Row, req: EnqueueRequest, now: float) -> None:
+        """A later enqueue of a debounced key: the run takes its input and starts
+        ``debounce`` after it."""
+        row.payload = req.payload
+        row.concurrency_key = req.concurrency_key
+        row.run_at = now + (req.debounce or 0.0)
+        row.state = "delayed"
+        row.updated_at = now
+        self._index(row)  # a new version: the row's old heap entries are stale
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[_MemoryTx]:
@@ -604,6 +639,8 @@ class MemoryDriver:
         key = _live_key(row)
         if self._live.get(key) == row.id:
             del self._live[key]
+            if row.unique:
+                self._settled_keys[key] = row.id
 
     def _count(
         self, name: str, queue: str, now: float, field: str, duration: float | None = None

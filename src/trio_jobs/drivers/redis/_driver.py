@@ -233,6 +233,20 @@ def _request_row(r: EnqueueRequest) -> list[str]:
     ]
 
 
+def _refuse_keyed(requests: Sequence[EnqueueRequest]) -> None:
+    """``debounce=`` / ``unique_for=`` are not in the Redis scripts yet: refused
+    before anything is written, never silently ignored."""
+    for r in requests:
+        if r.debounce is not None or r.unique_for is not None:
+            field = "debounce" if r.debounce is not None else "unique_for"
+            raise JobsError(
+                ErrorCode.X_NOT_IMPLEMENTED,
+                f"{r.name} declares {field}=, which the Redis driver does not implement "
+                "yet; nothing was queued (use the memory or PostgreSQL driver for this job)",
+                meta={"job": r.name, "field": field},
+            )
+
+
 class RedisDriver:
     """The Redis driver. See :func:`~trio_jobs.drivers.redis.redis_driver`."""
 
@@ -478,6 +492,7 @@ class RedisDriver:
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         self.client  # noqa: B018 — refuse a closed driver before any work
+        _refuse_keyed(requests)
         out: list[EnqueueResult] = []
         ready: set[str] = set()
         now = self.now()
@@ -757,6 +772,7 @@ class _RedisTx:
         self._steps: list[list[str]] = []
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        _refuse_keyed(requests)
         out: list[EnqueueResult | None] = [None] * len(requests)
         ask: list[int] = []
         firsts: dict[str, int] = {}

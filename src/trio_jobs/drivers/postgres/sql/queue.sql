@@ -41,23 +41,20 @@ input AS (
         coalesce(t.delay, %(delay)s::float8) AS delay,
         coalesce(t.actor, %(actor)s::json) AS actor,
         coalesce(t.trace_context, %(trace_context)s::json) AS trace_context,
-        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive,
-        coalesce(t.parent_id, %(parent_id)s::uuid) AS parent_id
+        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive
     FROM json_to_recordset(%(rows)s::json) AS t(
         ord int, id uuid, run_id uuid, name text, queue text, payload json, tenant_id text,
         idempotency_key text, concurrency_key text, max_attempts int, priority int,
-        run_at float8, delay float8, actor json, trace_context json, sensitive boolean,
-        parent_id uuid)
+        run_at float8, delay float8, actor json, trace_context json, sensitive boolean)
 ),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive, parent_id)
+        trace_context, sensitive)
     SELECT i.id, i.run_id, i.name, i.queue, i.payload, i.tenant_id, i.idempotency_key,
         i.concurrency_key, i.max_attempts, i.priority,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END,
-        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false),
-        i.parent_id
+        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false)
     FROM input i
     CROSS JOIN n
     CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
@@ -99,11 +96,11 @@ WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive, parent_id)
+        trace_context, sensitive)
     SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
         %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
-        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool, %(parent_id)s::uuid
+        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool
     FROM n
     CROSS JOIN LATERAL (
         SELECT coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) AS run_at
@@ -116,6 +113,70 @@ notified AS (
     WHERE ins.state = 'ready' AND %(notify)s::bool
 )
 SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
+
+-- name: enqueue_keyed
+-- One request of a job declaring debounce= or unique_for= (jobs without either
+-- never reach it: their enqueues stay the two statements above). It locks the
+-- key's live row, if any: a debounced request moves a row that was never
+-- claimed (no attempt log, ready or delayed, not waiting on a busy key) to
+-- `debounce` after now with this input, and any live row answers deduped. With
+-- no live row, a unique_for request answers the newest row of the key that
+-- settled less than `unique_for` ago (enqueued with unique_for: unique_key),
+-- deduped. Otherwise it inserts. No row answered means a concurrent enqueue of
+-- the key committed after this statement's snapshot: the caller asks again.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+live AS (
+    SELECT j.id, j.run_id,
+        j.attempt_log IS NULL AND j.state IN ('ready', 'delayed') AND j.busy_key IS NULL
+            AS movable
+    FROM trio_jobs_jobs j
+    WHERE j.name = %(name)s AND j.idempotency_key = %(key)s
+      AND j.tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+      AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+    FOR NO KEY UPDATE OF j
+),
+moved AS (
+    UPDATE trio_jobs_jobs j
+    SET payload = %(payload)s::json, concurrency_key = %(ckey)s, state = 'delayed',
+        run_at = n.now + %(debounce)s::float8, updated_at = n.now
+    FROM live, n
+    WHERE j.id = live.id AND live.movable AND %(debounce)s::float8 IS NOT NULL
+    RETURNING j.id
+),
+settled AS (
+    SELECT j.id, j.run_id
+    FROM trio_jobs_jobs j, n
+    WHERE %(unique_for)s::float8 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM live)
+      AND j.unique_key AND j.state IN ('done', 'failed', 'dead', 'cancelled')
+      AND j.name = %(name)s AND j.idempotency_key = %(key)s
+      AND j.tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+      AND j.updated_at > n.now - %(unique_for)s::float8
+    ORDER BY j.updated_at DESC
+    LIMIT 1
+),
+ins AS (
+    INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
+        concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
+        trace_context, sensitive, unique_key)
+    SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
+        %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
+        CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
+        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool,
+        CASE WHEN %(unique_for)s::float8 IS NOT NULL THEN true END
+    FROM n
+    CROSS JOIN LATERAL (
+        SELECT coalesce(%(run_at)s::float8,
+            n.now + coalesce(%(debounce)s::float8, %(delay)s::float8, 0)) AS run_at
+    ) r
+    WHERE NOT EXISTS (SELECT 1 FROM live) AND NOT EXISTS (SELECT 1 FROM settled)
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, state
+)
+SELECT ins.id::text, ins.run_id::text, false, ins.state FROM ins
+UNION ALL
+SELECT live.id::text, live.run_id::text, true, NULL FROM live
+UNION ALL
+SELECT settled.id::text, settled.run_id::text, true, NULL FROM settled;
 
 -- name: claim
 -- One pass of a worker: up to `takes[k]` rows of `queues[k]` (unpaused queues
@@ -368,11 +429,8 @@ hit AS (
         state = %(state)s,
         run_at = CASE WHEN %(final)s THEN j.run_at
                       WHEN %(busy_key)s::text IS NOT NULL AND NOT b.held THEN n.now
-                      -- waiting on children none of which is live any more (0018)
-                      WHEN %(wait_children)s AND j.children_pending <= 0 THEN n.now
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
         waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END,
-        wait_children = %(wait_children)s::bool AND NOT %(final)s,
         busy_key = CASE WHEN b.held THEN %(busy_key)s::text END,
         attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, %(outcome)s,
             %(attempt_code)s::text, %(attempt_error)s::text)

@@ -89,9 +89,3 @@ SELECT n.now, e.id, e.name, e.payload, e.published_at
 FROM n
 LEFT JOIN trio_jobs_events e ON e.name = %(name)s AND e.published_at >= %(since)s
 ORDER BY e.id;
-
--- name: children
--- A parent's children as step.invoke/step.gather read them (0018): state,
--- result, error code; an id no row holds is absent (the caller reads it as
--- cancelled).
-SELECT id::text, state, result, error_code FROM trio_jobs_jobs WHERE id = ANY(%(ids)s::uuid[]);
