@@ -30,6 +30,8 @@ SUITES: dict[str, str] = {
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
     "check-gate": "benchmarks.check_gate",
+    "data": "benchmarks.data",
+    "subjects": "benchmarks.subjects",
     "webhooks": "benchmarks.webhooks",
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -12,10 +13,14 @@ import trio
 
 from trio_jobs import (
     Concurrency,
+    ConsumerBatch,
     JobContext,
     JobsError,
     Occurrence,
     Retry,
+    Signal,
+    Transaction,
+    consumer,
     current_jobs,
     job,
     publish_event,
@@ -285,7 +290,70 @@ TASKS_RUN = 900.0
 TASKS_SETTLE = 120.0
 
 
+#: The consumers scenario: each key's stream, its items' arrival gaps, and how
+#: long it runs (its supervisor re-arms every minute, so it runs all of it).
+STREAM_KEYS = ("k0", "k1", "k2")
+STREAM_ITEMS = 12
+CONSUMERS_RUN = 420.0
+
+
+async def _stream(key: str, cursor: str | None, signal: Signal) -> Any:
+    after = -1 if cursor is None else int(cursor)
+    for n in range(after + 1, STREAM_ITEMS):
+        # Bursts and pauses: full batches, and part-filled ones the linger commits.
+        await trio.sleep(0.3 if n % 5 == 4 else 0.01)
+        yield n
+
+
+async def _handle_stream(batch: ConsumerBatch) -> str:
+    # The effect is written through the batch's transaction: it lands with the
+    # batch's commit or not at all (published on commit, as a row would be).
+    await batch.tx.driver_tx.publish(f"sim.handled:{batch.key}", list(batch.items))
+    return str(batch.items[-1])
+
+
+async def _load_cursor(key: str, tx: Transaction) -> str | None:
+    found, _now = await tx.jobs.driver.events.poll(f"sim.cursor:{key}", -math.inf)
+    return str(found[-1].payload) if found else None
+
+
+async def _save_cursor(key: str, cursor: str, tx: Transaction) -> None:
+    await tx.driver_tx.publish(f"sim.cursor:{key}", cursor)
+
+
+streams = consumer(
+    name="sim.streams",
+    keys=lambda: list(STREAM_KEYS),
+    open=_stream,
+    handle=_handle_stream,
+    load_cursor=_load_cursor,
+    save_cursor=_save_cursor,
+    batch=4,
+    rearm="1m",
+    retry=Retry(attempts=10, base="1s", max_delay="10s"),
+)
+
+
 # ----------------------------------------------------------------------- invariants
+
+
+def streams_kept(world: World) -> None:
+    """Every item of every key's stream was handled at least once (its effect
+    committed), and no key's committed cursor is ahead of a committed effect:
+    every item up to the cursor has one."""
+    events = world.driver._events
+    for key in STREAM_KEYS:
+        handled = {int(n) for e in events if e.name == f"sim.handled:{key}" for n in e.payload}
+        cursors = [int(e.payload) for e in events if e.name == f"sim.cursor:{key}"]
+        for at in cursors:
+            ahead = sorted(set(range(at + 1)) - handled)
+            assert not ahead, (
+                f"{key}: the cursor moved to {at} ahead of items never handled: {ahead}"
+            )
+        missing = sorted(set(range(STREAM_ITEMS)) - handled)
+        assert not missing, f"{key}: items never handled: {missing}"
+        assert cursors, f"{key}: no cursor was ever committed"
+        assert cursors[-1] == STREAM_ITEMS - 1, f"{key}: cursors {cursors}"
 
 
 def each_occurrence_once(world: World) -> None:
@@ -599,6 +667,14 @@ SCENARIOS: dict[str, Scenario] = {
             each_occurrence_once,
             Faults(crash=0.01, skew=3.0, pause=0.005, driver_errors=0.01),
             max_time=TASKS_RUN,
+        ),
+        Scenario(
+            "consumers",
+            [streams],
+            lambda: [(streams, key) for key in STREAM_KEYS],
+            streams_kept,
+            Faults(crash=0.02, driver_errors=0.02, pause=0.005, lease_loss=0.005, drain=0.005),
+            max_time=CONSUMERS_RUN,
         ),
     ]
 }

@@ -6,8 +6,10 @@ with a :class:`Worker`. See ``docs/`` for the tutorial.
 """
 
 from ._backfill import backfill
+from ._consumer import ConsumerBatch, consumer
 from ._context import JobContext, Signal, Steps, run_to_completion
 from ._declare import Concurrency, Enqueued, Job, Retry, job
+from ._export_rows import export_rows
 from ._facade import (
     Actor,
     Jobs,
@@ -19,6 +21,7 @@ from ._facade import (
     publish_event,
     set_job_driver,
 )
+from ._import_rows import ErrorSink, import_rows
 from ._observe import WorkerObserver
 from ._rate import RateLimiter, rate_limiter
 from ._receiver import (
@@ -31,7 +34,17 @@ from ._receiver import (
     webhook_receiver,
 )
 from ._retention import PurgeResult, Retention, purge_expired
+from ._rollup import Bucket, refresh_view, rollup
 from ._settled import Outcome, Settled
+from ._subject import (
+    Anonymize,
+    Retain,
+    Subject,
+    define_subject,
+    subject_erase,
+    subject_export,
+    subject_proof,
+)
 from ._task import Occurrence, TaskView, next_fire, task
 from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
 from ._webhook_ledger import (
@@ -65,12 +78,16 @@ __all__ = [
     "MAX_ENQUEUE_BATCH",
     "MAX_JOB_PAGE",
     "Actor",
+    "Anonymize",
     "Answer",
     "BackfillRow",
+    "Bucket",
     "Concurrency",
+    "ConsumerBatch",
     "Endpoint",
     "Enqueued",
     "ErrorCode",
+    "ErrorSink",
     "Inbound",
     "Job",
     "JobContext",
@@ -83,12 +100,14 @@ __all__ = [
     "PurgeResult",
     "RateLimiter",
     "ReceivedWebhook",
+    "Retain",
     "Retention",
     "Retry",
     "Settled",
     "Signal",
     "StepView",
     "Steps",
+    "Subject",
     "TaskView",
     "Transaction",
     "Verified",
@@ -102,8 +121,12 @@ __all__ = [
     "WorkerStats",
     "acting_as",
     "backfill",
+    "consumer",
     "cross_tenant",
     "current_jobs",
+    "define_subject",
+    "export_rows",
+    "import_rows",
     "job",
     "memory_driver",
     "memory_webhook_ledger",
@@ -115,9 +138,14 @@ __all__ = [
     "purge_expired",
     "rate_limiter",
     "redis_driver",
+    "refresh_view",
     "register_error_retry",
+    "rollup",
     "run_to_completion",
     "set_job_driver",
+    "subject_erase",
+    "subject_export",
+    "subject_proof",
     "task",
     "verify_body_hmac",
     "verify_webhook_signature",

@@ -19,15 +19,23 @@ lags what was handled. Its writes are absolute and only move forward (see
 from __future__ import annotations
 
 import builtins
-import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._declare import Concurrency, Job, Retry, job
+from ._context import _call
+from ._declare import (
+    Concurrency,
+    Job,
+    Retry,
+    check_factory_name,
+    check_function,
+    job,
+    refuse_declaration,
+)
 from ._enqueue import _MISSING
 from ._serialization import payload_form
 from ._time import Duration
-from ._validate import check_text, text_fault
+from ._validate import check_text
 from .drivers._backfills import MAX_BACKFILL_ROWS, BackfillPage, BackfillRow
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
@@ -45,27 +53,6 @@ MAX_NAME = 200
 
 Source = Callable[[Any, Any], Any]
 Handle = Callable[[Any, Any], Any]
-
-
-def _takes_two(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` can be called with two positional arguments (``True`` when
-    its signature cannot be read: the call will tell)."""
-    try:
-        inspect.signature(fn).bind(None, None)
-    except TypeError:
-        return False
-    except ValueError:
-        return True
-    return True
-
-
-def _check_callable(value: object, field: str, shape: str, faults: list[str]) -> None:
-    if value is _MISSING or value is None:
-        faults.append(f"{field}= is required: {shape}")
-    elif not callable(value):
-        faults.append(f"{field} must be a function: {shape}")
-    elif not _takes_two(value):
-        faults.append(f"{field} must take two arguments: {shape}")
 
 
 def backfill(
@@ -116,22 +103,13 @@ def backfill(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = False
-    if name is _MISSING or name is None:
-        faults.append("name= is required: the backfill's name, as its ledger rows carry it")
-    elif not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-        faults.append(f"name must be a non-empty string of at most {MAX_NAME} characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        name_ok = True
-    _check_callable(
-        source,
-        "source",
-        "source(input, cursor) answering (items, next_cursor)",
-        faults,
+    name_ok = check_factory_name(
+        name, MAX_NAME, "the backfill's name, as its ledger rows carry it", faults
     )
-    _check_callable(handle, "handle", "handle(items, input) handling one page", faults)
+    check_function(
+        source, "source", 2, "source(input, cursor) answering (items, next_cursor)", faults
+    )
+    check_function(handle, "handle", 2, "handle(items, input) handling one page", faults)
     if idempotency_key is _MISSING or idempotency_key is None:
         also = f" (also: {'; '.join(faults)})" if faults else ""
         raise JobDeclarationError(
@@ -158,22 +136,11 @@ def backfill(
     except JobDeclarationError as exc:
         faults.extend(exc.meta.get("faults") or [exc.message])
     if faults or declare is None:
-        raise JobDeclarationError(
-            ErrorCode.X_JOB_DECLARATION_INVALID,
-            "backfill declaration is invalid: " + "; ".join(faults),
-            meta={"faults": faults},
-        )
+        raise refuse_declaration(ErrorCode.X_JOB_DECLARATION_INVALID, "backfill", faults)
     handle_ = declare(_body(job_name, source, handle))
     handle_.kind = "backfill"
     handle_.__doc__ = f"The backfill {job_name!r}: pages its source through its handler."
     return handle_
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 def _items_of(name: str, answer: Any) -> tuple[builtins.list[Any], Any]:

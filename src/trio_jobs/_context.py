@@ -6,18 +6,27 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
 import trio
 
 from . import _ambient, _tracing
+from ._enqueue import _MISSING as _MISSING_ACTOR
+from ._enqueue import stage_requests
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
 from ._validate import check_text, storable
 from ._write_retry import is_transient, retry_delay, write_retrying
-from .drivers._protocol import Progress, StepMark, StepRecord
+from .drivers._protocol import (
+    ENQUEUE_CHUNK,
+    MAX_ENQUEUE_BATCH,
+    EnqueueRequest,
+    Progress,
+    StepMark,
+    StepRecord,
+)
 from .errors import ErrorCode, JobAbortedError, JobsError
 from .logging import emit
 
@@ -35,6 +44,8 @@ _log = logging.getLogger("trio_jobs")
 
 RESERVED_STEP = "unwinding"
 COMPENSATE_PREFIX = "compensate:"
+#: A ``step.patched`` marker's record is named ``patch:<change_id>``.
+PATCH_PREFIX = "patch:"
 MAX_STEP_NAME = 200
 #: The bounded budget for a shielded write after the body was cancelled.
 WRITE_BUDGET = 10.0
@@ -107,11 +118,19 @@ class Signal:
 class Handback(BaseException):
     """Internal: the body hands the run back (a sleep or an event wait)."""
 
-    def __init__(self, state: str, run_at: float, waiting_event: str | None = None) -> None:
+    def __init__(
+        self,
+        state: str,
+        run_at: float,
+        waiting_event: str | None = None,
+        *,
+        wait_children: bool = False,
+    ) -> None:
         super().__init__(state)
         self.state = state
         self.run_at = run_at
         self.waiting_event = waiting_event
+        self.wait_children = wait_children
 
 
 class ReplayStop(BaseException):
@@ -603,6 +622,63 @@ class Steps:
         await s.hit("after-record", step_name)
         raise Handback("delayed", wake_at)
 
+    async def patched(self, change_id: str) -> bool:
+        """Whether this run takes the patched path at this point of the body.
+
+        ``True`` in a run that reaches this call on code that has the patch;
+        ``False`` in a run whose stored steps already go past this point (it
+        recorded steps this attempt has not replayed yet) without the patch's
+        marker: it replays the old path. The first answer is recorded as the
+        step ``patch:<change_id>``, so every later attempt of the run answers
+        the same.
+
+        >>> if await ctx.step.patched("fix-rounding"):
+        ...     total = await ctx.step.run("total", lambda: round_half_even(amount))
+        ... else:
+        ...     total = await ctx.step.run("total", lambda: round(amount))
+        """
+        s = self._s
+        name = s.claim_name(_patch_name(change_id, "step.patched"), what="step.patched")
+        rec = s.records.get(name)
+        if rec is not None and rec.status == "completed":
+            return bool(rec.output)
+        # Past this point already: a stored step (not the framework's unwind
+        # records) this attempt has not reached. Steps run at once in a nursery
+        # may reach it in another order; either way the answer is recorded.
+        answer = not any(
+            other not in s.used
+            and other != RESERVED_STEP
+            and not other.startswith(COMPENSATE_PREFIX)
+            for other in s.records
+        )
+        if s.unwinding:
+            # The unwind replays the body to find its compensations and writes
+            # no step: the answer the run would have recorded, unrecorded.
+            return answer
+        s.refuse_past_abort(name)
+        await s.hit("before-step", name)
+        now = s.driver.now()
+        await s.put(
+            StepRecord(
+                name=name,
+                status="completed",
+                seq=s.seq_for(name),
+                executions=1,
+                output=answer,
+                started_at=now,
+                ended_at=now,
+            )
+        )
+        await s.hit("after-record", name)
+        return answer
+
+    async def deprecate_patch(self, change_id: str) -> None:
+        """Stand where ``patched(change_id)`` stood once every run that took the
+        old path has settled: it records nothing, and a run holding the marker
+        replays past it unchanged. The next release can delete the line."""
+        s = self._s
+        s.claim_name(_patch_name(change_id, "step.deprecate_patch"), what="step.deprecate_patch")
+
     async def wait_for_event(
         self,
         name: str,
@@ -682,6 +758,209 @@ class Steps:
             return None
         poll = s.handle.event_poll if s.handle.event_poll is not None else s.event_poll
         raise Handback("suspended", min(rec.deadline, now + poll), waiting_event=event)
+
+    async def invoke(
+        self, name: str, job: Job[Any, Any], input: Any, *, timeout: Duration | None = None
+    ) -> Any:
+        """Enqueue ``job`` with ``input`` as this run's child, once (its
+        idempotency key is this run's id and the step name), suspend without a
+        slot, and answer the child's stored result once it settles.
+
+        A child that ends dead, failed or cancelled raises ``X_CHILD_FAILED``
+        (``meta``: ``child_id``, the child's ``code``); ``timeout`` elapsed first
+        raises ``X_CHILD_TIMEOUT`` (the child keeps running). Both are recorded
+        like any step failure and take the ordinary retry path.
+
+        >>> receipt = await ctx.step.invoke("charge", charge_card, Charge(order_id=oid))
+        """
+        return (await _children(self._s, name, [(job, input)], timeout, what="step.invoke"))[0]
+
+    async def gather(
+        self,
+        name: str,
+        calls: Sequence[tuple[Job[Any, Any], Any]],
+        *,
+        timeout: Duration | None = None,
+    ) -> list[Any]:
+        """Enqueue one child per ``(job, input)`` in ``calls`` in one batch, suspend
+        until all have settled, and answer their results in the order of
+        ``calls``. The first failure in ``calls`` order raises ``X_CHILD_FAILED``;
+        more than ``MAX_ENQUEUE_BATCH`` calls is ``X_JOB_ENQUEUE_BATCH_TOO_LARGE``.
+
+        >>> parts = await ctx.step.gather("resize", [(resize, Img(k)) for k in keys])
+        """
+        return await _children(self._s, name, calls, timeout, what="step.gather")
+
+
+async def _children(
+    s: RunState,
+    name: str,
+    calls: Sequence[tuple[Job[Any, Any], Any]],
+    timeout: Duration | None,
+    *,
+    what: str,
+) -> list[Any]:
+    """``step.invoke``/``step.gather``: the children enqueued in the transaction
+    that records the step (``waiting``, their ids), so a replay finds them and
+    never enqueues again; the run suspended until the last one settles."""
+    step_name = s.claim_name(name, what=what)
+    calls = list(calls)
+    if len(calls) > MAX_ENQUEUE_BATCH:
+        raise JobsError(
+            ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
+            f"{what} {step_name!r} takes at most {MAX_ENQUEUE_BATCH} calls, got {len(calls)}; "
+            "split it into several steps; nothing was enqueued",
+            meta={"step": step_name},
+        )
+    timeout_s: float | None = None
+    if timeout is not None:
+        try:
+            timeout_s = parse_duration(timeout, field=f"{what} timeout")
+        except JobsError as exc:
+            raise JobsError(ErrorCode.X_JOB_DECLARATION_INVALID, exc.message) from None
+    for call in calls:
+        handle = call[0] if isinstance(call, tuple) and len(call) == 2 else None
+        if handle is None or s.jobs.handle(getattr(handle, "name", "")) is not handle:
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                f"{what} {step_name!r}: {getattr(handle, 'name', handle)!r} is not a job handle "
+                "passed to open_jobs(jobs=[...]); register it there (calls are (job, input) pairs); "
+                "nothing was enqueued",
+                meta={"step": step_name},
+            )
+    rec = s.records.get(step_name)
+    if rec is not None and rec.status == "completed":
+        return list(rec.output)
+    if s.unwinding:
+        raise ReplayStop()
+    s.refuse_past_abort(step_name)
+    if rec is None or rec.status != "waiting" or not isinstance(rec.output, dict):
+        # A driver that cannot run children refuses here, before any write.
+        await s.driver.steps.children([])
+        rec = await _enqueue_children(s, step_name, calls, timeout_s, rec)
+    ids: list[str] = list(rec.output["children"])
+    states = await s.read(step_name, lambda: s.driver.steps.children(ids))
+    now = s.driver.now()
+    if all(c.settled for c in states):
+        await s.hit("before-resume", step_name)
+        s.refuse_past_abort(step_name)
+        for child in states:
+            if child.state != "done":
+                error = JobsError(
+                    ErrorCode.X_CHILD_FAILED,
+                    f"{what} {step_name!r}: child {child.id} ended {child.state}"
+                    + (f" ({child.error_code})" if child.error_code else "")
+                    + "; see `trio-jobs show` for the child",
+                    meta={"step": step_name, "child_id": child.id, "code": child.error_code},
+                )
+                await _record_failure(s, step_name, rec.seq, rec.executions, error, rec.started_at)
+                raise error
+        results = [child.result for child in states]
+        await s.put(attrs.evolve(rec, status="completed", output=results, ended_at=now))
+        await s.hit("after-record", step_name)
+        return results
+    if rec.deadline is not None and now >= rec.deadline:
+        s.refuse_past_abort(step_name)
+        live = next(c.id for c in states if not c.settled)
+        error = JobsError(
+            ErrorCode.X_CHILD_TIMEOUT,
+            f"{what} {step_name!r}: child {live} had not settled within the timeout "
+            "(it keeps running)",
+            meta={"step": step_name, "child_id": live},
+        )
+        await _record_failure(s, step_name, rec.seq, rec.executions, error, rec.started_at)
+        raise error
+    # The last child's settle makes the run due; the poll is only a backstop.
+    poll = s.handle.event_poll if s.handle.event_poll is not None else s.event_poll
+    wake = now + poll if rec.deadline is None else min(rec.deadline, now + poll)
+    raise Handback("suspended", wake, wait_children=True)
+
+
+async def _enqueue_children(
+    s: RunState,
+    step_name: str,
+    calls: list[tuple[Job[Any, Any], Any]],
+    timeout_s: float | None,
+    old: StepRecord | None,
+) -> StepRecord:
+    """Stage the children and write the step's ``waiting`` record in one
+    transaction: both land, or neither."""
+    claimed = s.claimed
+    key = f"{claimed.run_id}:{step_name}"
+    requests: list[EnqueueRequest] = []
+    for index, (handle, value) in enumerate(calls):
+        (staged,) = stage_requests(
+            s.jobs,
+            handle,
+            [value],
+            run_ids=[None],
+            delay=None,
+            run_at=None,
+            tenant_id=None,
+            priority=0,
+            actor=_MISSING_ACTOR,
+        )
+        child_key = key if len(calls) == 1 and old is None else f"{key}:{index}"
+        if old is not None:
+            child_key += f"#{old.executions + 1}"
+        requests.append(attrs.evolve(staged, idempotency_key=child_key, parent_id=claimed.id))
+    await s.hit("before-step", step_name)
+    now = s.driver.now()
+    executions = (old.executions if old is not None else 0) + 1
+    seq = s.seq_for(step_name)
+
+    async def write() -> StepRecord:
+        async with s.driver.transaction() as tx:
+            ids: list[str] = []
+            for start in range(0, len(requests), ENQUEUE_CHUNK):
+                got = await tx.enqueue_many(requests[start : start + ENQUEUE_CHUNK])
+                ids.extend(r.id for r in got)
+            record = StepRecord(
+                name=step_name,
+                status="waiting",
+                seq=seq,
+                executions=executions,
+                output={"children": ids},
+                deadline=now + timeout_s if timeout_s is not None else None,
+                started_at=now,
+            )
+            if not await tx.put_step(claimed.id, claimed.fence, record):
+                raise LeaseLost()
+        return record
+
+    try:
+        record = await write()
+    except LeaseLost:
+        s.lost = True
+        s.signal.abort(
+            ErrorCode.X_JOB_LEASE_LOST,
+            "a step write was refused: this worker no longer holds the job's lease",
+        )
+        raise
+    except JobsError as exc:
+        if exc.code == ErrorCode.X_JOB_LEASE_LOST:
+            s.lost = True
+            raise LeaseLost() from None
+        if not is_transient(exc):
+            raise
+        raise InfraFault(exc) from None
+    s.records[step_name] = record
+    await s.hit("after-enqueue", step_name)
+    return record
+
+
+def _patch_name(change_id: object, what: str) -> str:
+    if (
+        not isinstance(change_id, str)
+        or not change_id
+        or len(change_id) > MAX_STEP_NAME - len(PATCH_PREFIX)
+    ):
+        raise JobsError(
+            ErrorCode.X_JOB_DECLARATION_INVALID,
+            f"{what} needs a change id: a non-empty string of at most "
+            f'{MAX_STEP_NAME - len(PATCH_PREFIX)} characters ("fix-rounding")',
+        )
+    return PATCH_PREFIX + change_id
 
 
 def _check_compensate(s: RunState, name: str, compensate: Callable[..., Any] | None) -> None:

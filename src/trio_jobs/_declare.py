@@ -22,7 +22,7 @@ from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs
 from ._serialization import converter, json_schema, payload_form, too_deep
 from ._time import Duration, parse_duration
 from ._validate import check_text, text_fault
-from .errors import ErrorCode, JobDeclarationError, JobsError
+from .errors import ErrorCode, JobDeclarationError, JobsError, error
 
 if TYPE_CHECKING:
     from ._context import JobContext
@@ -200,6 +200,9 @@ class Job(Generic[I, R]):
     #: Which factory made the handle: ``"job"`` for :func:`job`, ``"backfill"``
     #: for :func:`~trio_jobs.backfill`, ... (each factory sets its own).
     kind: str = "job"
+    #: Handles registered wherever this one is listed (``open_jobs(jobs=...)``, a
+    #: worker): a consumer's supervisor task and arm job. Empty for a plain job.
+    companions: tuple[Job[Any, Any], ...] = ()
 
     def __init__(
         self,
@@ -221,6 +224,8 @@ class Job(Generic[I, R]):
         on_settled: Callable[[Settled], Any] | None,
         on_settled_timeout: float,
         sensitive: bool,
+        debounce: float | None = None,
+        unique_for: float | None = None,
     ) -> None:
         self.run = fn
         self.name = name
@@ -239,6 +244,12 @@ class Job(Generic[I, R]):
         self.on_settled = on_settled
         self.on_settled_timeout = on_settled_timeout
         self.sensitive = sensitive
+        #: Seconds: enqueues of one key inside the window collapse into one run
+        #: that starts this long after the last of them (``None``: no debounce).
+        self.debounce = debounce
+        #: Seconds a key stays taken after its run settled (``None``: only a
+        #: live key dedupes).
+        self.unique_for = unique_for
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__qualname__ = getattr(fn, "__qualname__", name)
@@ -408,6 +419,8 @@ class Job(Generic[I, R]):
             "step_timeout": self.step_timeout,
             "event_poll": self.event_poll,
             "compensates": self.compensates,
+            "debounce": self.debounce,
+            "unique_for": self.unique_for,
         }
 
     # ------------------------------------------------------------------ enqueue
@@ -531,6 +544,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
 ) -> Callable[[Callable[[JobContext[I]], Awaitable[R]]], Job[I, R]]: ...
 
 
@@ -551,6 +566,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
 ) -> Callable[[Callable[[JobContext[None]], Awaitable[R]]], Job[None, R]]: ...
 
 
@@ -570,6 +587,8 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = 30.0,
     sensitive: bool = False,
+    debounce: Duration | None = None,
+    unique_for: Duration | None = None,
     **unknown: Any,
 ) -> Callable[[Callable[..., Any]], Job[Any, Any]]:
     """Declare a job. Decorate an ``async def body(ctx: JobContext[I])``.
@@ -613,6 +632,13 @@ def job(
         faults.append("on_settled must be a function taking a Settled")
     if not isinstance(sensitive, bool):
         faults.append("sensitive must be True or False")
+    debounce_s = _duration(debounce, "debounce", faults, default=None)
+    unique_for_s = _duration(unique_for, "unique_for", faults, default=None)
+    if debounce is not None and when_busy == "fail":
+        faults.append(
+            "debounce cannot go with concurrency when_busy='fail' (a collapsed run "
+            "would be refused for a busy key it never saw); use when_busy='wait'"
+        )
 
     def decorate(fn: Callable[..., Any]) -> Job[Any, Any]:
         body_faults = list(faults)
@@ -662,6 +688,8 @@ def job(
             on_settled=on_settled,
             on_settled_timeout=settled_timeout_s if settled_timeout_s is not None else 30.0,
             sensitive=sensitive,
+            debounce=debounce_s,
+            unique_for=unique_for_s,
         )
 
     if faults:
@@ -679,7 +707,7 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
     """Index handles by name; two different handles with one name are refused."""
     by_name: dict[str, Job[Any, Any]] = {}
     faults: list[str] = []
-    for handle in jobs:
+    for handle in with_companions(jobs):
         if not isinstance(handle, Job):
             faults.append(f"jobs= takes job handles; got a {type(handle).__name__}")
             continue
@@ -693,6 +721,63 @@ def check_job_list(jobs: Sequence[Job[Any, Any]]) -> dict[str, Job[Any, Any]]:
             ErrorCode.X_JOB_DECLARATION_INVALID, "; ".join(faults), meta={"faults": faults}
         )
     return by_name
+
+
+# ---------------------------------------------------------------------- factories
+# The checks the factories over job() (backfill(), consumer()) share.
+
+
+def takes(fn: Callable[..., Any], n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments (``True``
+    when its signature cannot be read: the call will tell)."""
+    try:
+        inspect.signature(fn).bind(*([None] * n))
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def check_function(value: object, field: str, n: int, shape: str, faults: _faults_t) -> None:
+    """A factory's required function argument: given, callable, taking ``n``
+    positional arguments; ``shape`` shows how it is called."""
+    if value is _MISSING or value is None:
+        faults.append(f"{field}= is required: {shape}")
+    elif not callable(value):
+        faults.append(f"{field} must be a function: {shape}")
+    elif not takes(value, n):
+        count = ("no arguments", "one argument", "two arguments", "three arguments")[n]
+        faults.append(f"{field} must take {count}: {shape}")
+
+
+def check_factory_name(name: object, limit: int, why: str, faults: _faults_t) -> bool:
+    """A factory's required ``name=`` (``why``: what it names); whether it is good."""
+    if name is _MISSING or name is None:
+        faults.append(f"name= is required: {why}")
+    elif not isinstance(name, str) or not name.strip() or len(name) > limit:
+        faults.append(f"name must be a non-empty string of at most {limit} characters")
+    elif (fault := text_fault(name)) is not None:
+        faults.append(f"name cannot be stored: {fault}")
+    else:
+        return True
+    return False
+
+
+def refuse_declaration(code: ErrorCode, what: str, faults: _faults_t) -> JobsError:
+    """The one refusal naming every fault of a declaration (``what``: ``"task"``, ...)."""
+    return error(code, f"{what} declaration is invalid: " + "; ".join(faults), faults=faults)
+
+
+def with_companions(jobs: Sequence[Any]) -> list[Any]:
+    """``jobs`` with each handle's companions after it (a consumer's supervisor
+    task and arm job), in order."""
+    out: list[Any] = []
+    for handle in jobs:
+        out.append(handle)
+        if isinstance(handle, Job):
+            out.extend(handle.companions)
+    return out
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:

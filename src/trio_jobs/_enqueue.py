@@ -33,6 +33,7 @@ __all__ = [
     "current_facade",
     "enqueue_inputs",
     "job_ref",
+    "stage_requests",
 ]
 
 #: "Argument not passed" (``enqueue_as(None, ...)`` passes ``None`` on purpose).
@@ -192,6 +193,46 @@ async def enqueue_inputs(
     """The one enqueue implementation: every refusal before the first write."""
     facade = current_facade()
     _ambient.check_not_aborted()
+    requests = stage_requests(
+        facade,
+        handle,
+        inputs,
+        run_ids=run_ids,
+        delay=delay,
+        run_at=run_at,
+        tenant_id=tenant_id,
+        priority=priority,
+        actor=actor,
+    )
+    if not requests:
+        return []
+    driver = await facade._resolved_driver()
+    tx = _ambient.tx_var.get()
+    results = []
+    for start in range(0, len(requests), ENQUEUE_CHUNK):
+        chunk = requests[start : start + ENQUEUE_CHUNK]
+        if tx is not None and tx.jobs is facade:
+            got = await tx.driver_tx.enqueue_many(chunk)
+        else:
+            got = await driver.enqueue_many(chunk)
+        results.extend(got)
+    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+
+
+def stage_requests(
+    facade: Jobs,
+    handle: Job[Any, Any],
+    inputs: Sequence[Any],
+    *,
+    run_ids: Sequence[Any],
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> list[EnqueueRequest]:
+    """The rows an enqueue of ``inputs`` writes, every refusal raised before any
+    write (``step.invoke``/``step.gather`` write them inside the step's record)."""
     if len(inputs) > MAX_ENQUEUE_BATCH:
         raise JobsError(
             ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
@@ -199,6 +240,14 @@ async def enqueue_inputs(
         )
     if delay is not None and run_at is not None:
         raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
+    debounce, unique_for = handle.debounce, handle.unique_for
+    if debounce is not None and (delay is not None or run_at is not None):
+        raise JobsError(
+            ErrorCode.X_INVARIANT,
+            f"{handle.name} declares debounce=: its run starts debounce after the last "
+            "enqueue of its key; drop delay=/run_at= (nothing was queued)",
+            meta={"job": handle.name},
+        )
     # The run's options, checked once for the whole call against the range every
     # driver stores (_validate.py): nothing reaches a driver that one of them
     # would refuse or corrupt.
@@ -288,21 +337,11 @@ async def enqueue_inputs(
                 actor=actor_obj.to_json() if actor_obj is not None else None,
                 trace_context=trace_context,
                 sensitive=sensitive,
+                debounce=debounce,
+                unique_for=unique_for,
             )
         )
-    if not requests:
-        return []
-    driver = await facade._resolved_driver()
-    tx = _ambient.tx_var.get()
-    results = []
-    for start in range(0, len(requests), ENQUEUE_CHUNK):
-        chunk = requests[start : start + ENQUEUE_CHUNK]
-        if tx is not None and tx.jobs is facade:
-            got = await tx.driver_tx.enqueue_many(chunk)
-        else:
-            got = await driver.enqueue_many(chunk)
-        results.extend(got)
-    return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
+    return requests
 
 
 def _outside(handle: Job[Any, Any], source: str) -> JobsError:

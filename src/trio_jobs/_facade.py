@@ -322,9 +322,11 @@ class Jobs:
         value that is neither an id nor such a prefix is ``X_ID_INVALID``.
         Under an org's actor (:func:`acting_as`), another org's job is
         ``X_JOB_NOT_FOUND``."""
+        from ._consumer import with_consumer
+
         intro, key = await self._one(job_id)
         own = await self._own(intro, key)
-        return own if own is not None else await intro.show(key)
+        return with_consumer(own if own is not None else await intro.show(key))
 
     async def list(
         self,

@@ -21,9 +21,11 @@ from typing import Any
 
 import attrs
 
-from . import _retry, _unwind
+from . import _consumer, _retry, _unwind
 from ._attempt import Attempt
 from ._context import Compensator, RunState, Steps
+from ._context import _call as _context_call
+from ._facade import Transaction
 from ._scheduler import Scheduler
 from ._worker import Worker
 from .drivers._protocol import AckOptions, ClaimedJob, EventRecord, Fence, NackOptions
@@ -255,6 +257,19 @@ def _watermark_apart(stack: _Stack) -> None:
     stack.enter_context(_patched(Scheduler, "_send", apart))
 
 
+def _cursor_apart(stack: _Stack) -> None:
+    """A consumer's cursor is saved outside its batch's transaction: in a
+    transaction of its own, committed before the batch's (a crash or a failed
+    commit in between leaves the cursor ahead of what was handled)."""
+
+    async def apart(handle: _consumer.Consumer, key: str, cursor: str, tx: Transaction) -> None:
+        driver = await tx.jobs._resolved_driver()
+        async with driver.transaction() as own:
+            await _context_call(handle.save_cursor, key, cursor, Transaction(tx.jobs, own))
+
+    stack.enter_context(_patched(_consumer, "save_in_batch", apart))
+
+
 _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "double-settle": _double_settle,
     "unfenced-settle": _unfenced_settle,
@@ -269,6 +284,7 @@ _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "rate-limit-counts": _rate_limit_counts,
     "rate-window-halved": _rate_window_halved,
     "watermark-apart": _watermark_apart,
+    "cursor-apart": _cursor_apart,
 }
 
 NAMES = frozenset(_PLANTERS)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ._backfill import _call as call
+from ._context import _call as call
 from ._declare import Concurrency, Job, Retry, job
 from ._enqueue import _MISSING
 from ._time import Duration

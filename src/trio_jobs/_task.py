@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from ._declare import Concurrency, Job, Retry, job
+from ._declare import Concurrency, Job, Retry, job, refuse_declaration, with_companions
 from ._serialization import converter
 from ._time import Duration, IdSource, parse_duration
 from ._validate import text_fault
@@ -378,11 +378,7 @@ def task(
     except JobDeclarationError as exc:
         faults.extend(exc.meta.get("faults") or [exc.message])
     if faults or make is None or zone is None:
-        raise JobDeclarationError(
-            ErrorCode.X_JOB_DECLARATION_INVALID,
-            "task declaration is invalid: " + "; ".join(faults),
-            meta={"faults": faults},
-        )
+        raise refuse_declaration(ErrorCode.X_JOB_DECLARATION_INVALID, "task", faults)
     if cron is not None:
         schedule = Schedule(cron, zone.key, zone, cron=cron)
     else:
@@ -398,4 +394,5 @@ def task(
 
 def tasks_of(handles: Sequence[Job[Any, Any]]) -> list[Task]:
     """The task handles among ``handles``, by name."""
-    return sorted((h for h in handles if isinstance(h, Task)), key=lambda h: h.name)
+    found = {h.name: h for h in with_companions(handles) if isinstance(h, Task)}
+    return [found[name] for name in sorted(found)]

@@ -1013,6 +1013,7 @@ class Worker:
                     counted=False,
                     run_at=handback.run_at,
                     waiting_event=handback.waiting_event,
+                    wait_children=handback.wait_children,
                     progress=state.progress,
                     duration=duration,
                 ),

@@ -50,7 +50,18 @@ class ErrorCode(enum.StrEnum):
     X_ID_INVALID = "X_ID_INVALID"
     X_IMPORT_HEADER_MISMATCH = "X_IMPORT_HEADER_MISMATCH"
     X_IMPORT_RECORD_TOO_LARGE = "X_IMPORT_RECORD_TOO_LARGE"
+    #: Additions to the spec's codes: a refused row's code in an import's error
+    #: report (``{line, field, code}``; never raised): a record that is not
+    #: UTF-8, one that is not csv / ndjson (an unclosed or stray quote, a ragged
+    #: row, a NUL byte, a line that is not a JSON object), a field the schema
+    #: refuses.
+    X_IMPORT_ROW_ENCODING = "X_IMPORT_ROW_ENCODING"
+    X_IMPORT_ROW_INVALID = "X_IMPORT_ROW_INVALID"
+    X_IMPORT_ROW_MALFORMED = "X_IMPORT_ROW_MALFORMED"
     X_IMPORT_SOURCE_CHANGED = "X_IMPORT_SOURCE_CHANGED"
+    #: An addition to the spec's codes: the object an import names is not in
+    #: its store.
+    X_IMPORT_SOURCE_MISSING = "X_IMPORT_SOURCE_MISSING"
     X_IMPORT_TOO_MANY_ERRORS = "X_IMPORT_TOO_MANY_ERRORS"
     X_INVARIANT = "X_INVARIANT"
     X_JOB_COMPENSATION_FAILED = "X_JOB_COMPENSATION_FAILED"
@@ -119,6 +130,22 @@ _BUILTIN_RETRY: dict[str, RetryClass] = {
     ErrorCode.X_JOB_INPUT_INVALID: "terminal",
     ErrorCode.X_JOB_DECLARATION_INVALID: "terminal",
     ErrorCode.X_CONSUMER_SELF_ENQUEUE: "terminal",
+    ErrorCode.X_JOB_ROLLUP_INVALID: "terminal",
+    ErrorCode.X_JOB_REFRESH_VIEW_INVALID: "terminal",
+    # The same file gives the same answer (PYTHON-API.md, data jobs).
+    ErrorCode.X_IMPORT_HEADER_MISMATCH: "terminal",
+    ErrorCode.X_IMPORT_RECORD_TOO_LARGE: "terminal",
+    ErrorCode.X_IMPORT_SOURCE_CHANGED: "terminal",
+    ErrorCode.X_IMPORT_SOURCE_MISSING: "terminal",
+    ErrorCode.X_IMPORT_TOO_MANY_ERRORS: "terminal",
+    # The same declaration and tables give the same answer (PYTHON-API, data jobs).
+    ErrorCode.X_SUBJECT_CYCLE: "terminal",
+    ErrorCode.X_SUBJECT_ERASE_INCOMPLETE: "terminal",
+    ErrorCode.X_SUBJECT_TABLE_UNDECLARED: "terminal",
+    ErrorCode.X_SUBJECT_TREATMENT_INVALID: "terminal",
+    # A consumer's callables answered what no retry changes (a cursor of the
+    # wrong type, keys that cannot run): the same answer again.
+    ErrorCode.X_CONSUMER_INVALID: "terminal",
     ErrorCode.X_RATE_LIMITED: "retry-after",
     ErrorCode.X_WEBHOOK_DELIVERY_THROTTLED: "retry-after",
     # webhook(): nothing was sent, and the same endpoint or event answers the

@@ -317,6 +317,12 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "a scheduler's lease renewal or fire failed (the store is away); it tries again "
         "within a second, backing off to the renewal interval",
     ),
+    "jobs.consumer.lag-failed": (
+        "warning",
+        ("job_id", "job", "error_type", "code", "hint"),
+        "a consumer's lag(key, cursor) raised (error_type, code) or answered no count: the "
+        "batch is committed all the same, and the run's progress keeps its last lag",
+    ),
     "jobs.dev.database": ("info", ("database",), "`trio-jobs dev` picked its database"),
     "jobs.dev.serving": ("warning", ("note", "worker_id"), "`trio-jobs dev --serve` keeps running"),
     "jobs.webhook.refused": (
@@ -414,6 +420,7 @@ SUMMARIES: dict[str, str] = {
     ),
     "jobs.supervisor.stopped": "every worker process has exited: {outcome}",
     "jobs.task.leading": "this process leads task {task} now",
+    "jobs.consumer.lag-failed": "consumer {job}: lag() gave no count; the batch is committed",
     "jobs.task.fired": "task {task}: {occurrences} occurrence(s) fired",
     "jobs.task.catch-up-capped": (
         "task {task}: more than 1,000 occurrences fell due; the newest {fired} fired, the "

@@ -35,6 +35,7 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "rate-limit-counts": ("rate-limits", (1, 2, 3)),
     "rate-window-halved": ("rate-limits", (1, 2, 3)),
     "watermark-apart": ("scheduled-tasks", (1, 2, 3)),
+    "cursor-apart": ("consumers", (1, 2, 3, 4)),
 }
 
 #: The kind of violation each bug is caught by (a phrase of the checker's message).
@@ -52,6 +53,7 @@ VIOLATIONS: dict[str, str] = {
     "rate-limit-counts": "a run waiting for a budget spends no attempt",
     "rate-window-halved": "4 grants within 10 s",
     "watermark-apart": "occurrences fired twice",
+    "cursor-apart": "ahead of items never handled",
 }
 
 
@@ -147,7 +149,7 @@ def test_no_product_module_reads_a_planted_switch() -> None:
 
 
 def _replaceable() -> dict[str, object]:
-    from trio_jobs import _retry, _unwind
+    from trio_jobs import _consumer, _retry, _unwind
     from trio_jobs._context import RunState, Steps
     from trio_jobs._scheduler import Scheduler
     from trio_jobs._worker import Worker
@@ -165,6 +167,7 @@ def _replaceable() -> dict[str, object]:
         ("_retry", _retry, ("deferral",)),
         ("MemoryRateLimits", memory_rate.MemoryRateLimits, ("acquire",)),
         ("Scheduler", Scheduler, ("_send",)),
+        ("_consumer", _consumer, ("save_in_batch",)),
     ]
     return {
         f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names

@@ -39,6 +39,7 @@ from ._common import (
 from ._operate import OPERATOR_COMMANDS
 from ._tasks import TASK_COMMANDS
 from ._usage import JobsGroup
+from ._verify import verify
 from ._webhooks import webhooks_command
 
 __all__ = ["main"]
@@ -357,6 +358,8 @@ for _command in OPERATOR_COMMANDS:
 main.add_command(backfills_command)
 # check: the crash-proof CI gate (src/trio_jobs/cli/_check.py).
 main.add_command(check)
+# verify: every subject a module declares, against the catalog (src/trio_jobs/cli/_verify.py).
+main.add_command(verify)
 # tasks, pause-task, resume-task (src/trio_jobs/cli/_tasks.py).
 for _command in TASK_COMMANDS:
     main.add_command(_command)

@@ -107,6 +107,7 @@ VIEW_FIELDS: tuple[str, ...] = (
     "worker_id",
     "sensitive",
     "attempt_log",
+    "consumer",
     # derived
     "next_retry",
     "redacted",
@@ -203,6 +204,10 @@ def view_json(view: JobView, backfill: BackfillRow | None = None) -> dict[str, A
             }
             for a in view.attempt_log
         ],
+        # a consumer run's key, last batch and lag (null for any other job)
+        "consumer": None
+        if view.consumer is None
+        else {**view.consumer, "key": value(view.consumer.get("key"))},
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
         "backfill": None if backfill is None else backfill_json(backfill, hide=hide),

@@ -35,6 +35,7 @@ __all__ = [
     "BulkResult",
     "ClaimOptions",
     "ClaimResult",
+    "ChildState",
     "ClaimedJob",
     "CounterRow",
     "EnqueueRequest",
@@ -156,6 +157,16 @@ class EnqueueRequest:
     #: The job was declared ``sensitive=True``: the row says so, so a reader that
     #: holds no handle (the CLI) still redacts its payload, keys and outputs.
     sensitive: bool = False
+    #: The run that enqueued this one from ``step.invoke``/``step.gather``: the
+    #: row's settle makes that parent due once it has no live child left.
+    parent_id: str | None = None
+    #: ``job(debounce=)`` in seconds: a live row of this key that has not started
+    #: takes this request's payload and concurrency key and is due this long
+    #: after now (answered deduped); no such row: a new one due then.
+    debounce: float | None = None
+    #: ``job(unique_for=)`` in seconds: with no live row of this key, the newest
+    #: row of it that settled less than this long ago answers, deduped.
+    unique_for: float | None = None
 
 
 @attrs.frozen
@@ -303,6 +314,10 @@ class NackOptions:
     waiting_event: str | None = None
     max_attempts: int | None = None
     busy_key: str | None = None
+    #: A ``suspended`` hand-back waiting on the row's children
+    #: (``step.invoke``/``step.gather``): due at once when none is live as the
+    #: hand-back lands, else when the last live one settles (or at ``run_at``).
+    wait_children: bool = False
 
 
 #: ``last_error`` of a row :meth:`JobDriver.release_orphans` handed back.
@@ -433,8 +448,28 @@ class StepRecord:
     ended_at: float | None = None
 
 
+@attrs.frozen
+class ChildState:
+    """A child job as its parent's ``step.invoke``/``step.gather`` reads it:
+    its state, and, once settled, its stored result or its error."""
+
+    id: str
+    state: JobState
+    result: Any = None
+    error_code: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.state not in LIVE_STATES
+
+
 class StepStore(Protocol):
     """Step persistence, on the same store as the queue."""
+
+    async def children(self, ids: Sequence[str]) -> list[ChildState]:
+        """The rows ``ids`` (a parent's children), in the order asked; an id no
+        row holds (removed) reads as ``cancelled``."""
+        ...
 
     async def load(self, job_id: str) -> list[StepRecord]:
         """Every record of ``job_id``, in ``seq`` order."""
@@ -621,6 +656,16 @@ class JobView:
     #: The newest claims of the job, oldest first (``show`` fills it; a list
     #: row leaves it empty): see :class:`AttemptRecord`.
     attempt_log: Sequence[AttemptRecord] = ()
+    #: For a run of a :func:`~trio_jobs.consumer` (``show`` fills it; ``None``
+    #: otherwise): ``{"key", "last_batch_at", "lag"}`` — the run's key, when its
+    #: last batch committed (Unix seconds, or ``None``) and what ``lag=`` last
+    #: answered (or ``None``).
+    consumer: Mapping[str, Any] | None = None
+    #: The run whose ``step.invoke``/``step.gather`` enqueued this one (``None``
+    #: for a job with no parent), and the ids of the runs this one enqueued so
+    #: (``show`` fills it; empty for a leaf), oldest first.
+    parent_id: str | None = None
+    children: Sequence[str] = ()
 
 
 @attrs.frozen

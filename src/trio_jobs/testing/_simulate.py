@@ -520,6 +520,18 @@ class _SimDriver:
         await self._gate("transaction", ())
         async with self._d.transaction() as tx:
             yield tx
+            # The commit is a call of its own: a worker may die just before it
+            # (nothing of the transaction lands), or the answer may be lost
+            # before or after it landed.
+            fault = await self._gate("transaction.commit", ())
+            if fault == "error-before":
+                self._sim.record(self.label, "transaction.commit", fault)
+                raise JobsError(ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error")
+        if fault == "error-after":
+            self._sim.record(self.label, "transaction.commit", fault)
+            raise JobsError(
+                ErrorCode.X_DRIVER_UNAVAILABLE, "simulated transient driver error (after landing)"
+            )
 
     async def _gate(self, method: str, args: tuple[Any, ...]) -> str | None:
         """Wait for the permit; answer the fault to apply, if any."""

@@ -63,6 +63,7 @@ NAV = (
     ("workers", "/workers", "Workers"),
     ("backfills", "/backfills", "Backfills"),
     ("tasks", "/tasks", "Tasks"),
+    ("consumers", "/consumers", "Consumers"),
     ("webhooks", "/webhooks", "Webhooks"),
 )
 
@@ -158,6 +159,7 @@ class Dashboard:
             Route("/workers", self._wrap(_pages.worker_list), methods=get),
             Route("/backfills", self._wrap(_pages.backfill_list), methods=get),
             Route("/tasks", self._wrap(_pages.task_list), methods=get),
+            Route("/consumers", self._wrap(_pages.consumer_list), methods=get),
             Route("/webhooks", self._wrap(_pages.webhook_list), methods=get),
             Route("/tasks/pause", self._wrap(_actions.pause_task), methods=post),
             Route("/tasks/resume", self._wrap(_actions.resume_task), methods=post),

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ._app import Dashboard, Req
 
 __all__ = [
+    "consumer_list",
     "dead_letters",
     "job_list",
     "job_page",
@@ -275,6 +276,16 @@ async def webhook_list(d: Dashboard, ctx: Req) -> Response:
 async def task_list(d: Dashboard, ctx: Req) -> Response:
     """``GET /tasks``: every scheduled task, paused or not, its last and next fire."""
     return await _list_page(d, ctx, d.jobs.tasks, "tasks.html", "tasks", "tasks")
+
+
+async def consumer_list(d: Dashboard, ctx: Req) -> Response:
+    """``GET /consumers``: every key of every consumer, by its newest run: its
+    state, when its last batch committed, and its lag."""
+    from .._consumer import consumer_rows
+
+    return await _list_page(
+        d, ctx, lambda: consumer_rows(d.jobs), "consumers.html", "consumers", "consumers"
+    )
 
 
 async def job_page(d: Dashboard, ctx: Req) -> Response:

@@ -5,13 +5,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trio_jobs.drivers import memory_driver
+from trio_jobs.testing._conformance_debounce import DebounceConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
 from ..task_store import TaskStoreConformance
 
 
-class TestMemoryConformance(DriverConformance, RefusalConformance, TaskStoreConformance):
+class TestMemoryConformance(
+    DriverConformance, DebounceConformance, RefusalConformance, TaskStoreConformance
+):
     @pytest.fixture
     async def target(self) -> AsyncIterator[Target]:
         clock = ManualClock()

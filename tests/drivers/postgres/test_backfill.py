@@ -127,15 +127,8 @@ def test_sigkill_mid_page_resumes_at_that_page_in_a_fresh_process(
     with_tables(pg_dsn, pg_schema)
     procs = Procs(dsn, tmp_path)
 
-    def worker(*flags: str) -> Any:
-        proc = procs.spawn(
-            "-m", "trio_jobs.cli", "worker", "backfill_jobs", "--database-url", dsn, *flags
-        )
-        procs.wait_log(proc, "jobs.worker.ready")
-        return proc
-
     try:
-        first = worker("--visibility-timeout", "2s")
+        first = procs.worker("--visibility-timeout", "2s", module="backfill_jobs")
         job_id = trio.run(_enqueue, dsn)
         wait_until(lambda: (tmp_path / "hung-7").exists(), 15, "page 3 to be handled")
         first.send_signal(signal.SIGKILL)
@@ -160,7 +153,9 @@ def test_sigkill_mid_page_resumes_at_that_page_in_a_fresh_process(
             (job_id,),
         )
         assert steps == [("page:1", "completed"), ("page:2", "completed")]
-        worker("--visibility-timeout", "2s", "--idle-poll-max", "250ms")
+        procs.worker(
+            "--visibility-timeout", "2s", "--idle-poll-max", "250ms", module="backfill_jobs"
+        )
         wait_until(
             lambda: sql(pg_dsn, pg_schema, "SELECT state FROM trio_jobs_jobs")[0][0] == "done",
             20,

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trio_jobs.drivers.postgres import postgres_driver
+from trio_jobs.testing._conformance_debounce import DebounceConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
@@ -20,7 +21,9 @@ from ..task_store import TaskStoreConformance
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresConformance(DriverConformance, RefusalConformance, TaskStoreConformance):
+class TestPostgresConformance(
+    DriverConformance, DebounceConformance, RefusalConformance, TaskStoreConformance
+):
     @pytest.fixture
     async def target(self, pg_dsn: str, pg_schema: str) -> AsyncIterator[Target]:
         clock = ManualClock()

@@ -70,9 +70,10 @@ class Procs:
         self.all.append(proc)
         return proc
 
-    def worker(self, *flags: str) -> subprocess.Popen[bytes]:
+    def worker(self, *flags: str, module: str = "process_jobs") -> subprocess.Popen[bytes]:
+        """``trio-jobs worker MODULE`` (a module of ``tests/``), once it is ready."""
         proc = self.spawn(
-            "-m", "trio_jobs.cli", "worker", "process_jobs", "--database-url", self.dsn, *flags
+            "-m", "trio_jobs.cli", "worker", module, "--database-url", self.dsn, *flags
         )
         self.wait_log(proc, "jobs.worker.ready")
         return proc

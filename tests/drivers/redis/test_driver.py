@@ -427,3 +427,19 @@ async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
 
 async def test_many_runs_queue_behind_few_keys(redis_url: str, redis_prefix: str) -> None:
     await check_many_runs_queue_behind_few_keys(redis_driver(redis_url, prefix=redis_prefix))
+
+
+@pytest.mark.parametrize("field", ["debounce", "unique_for"])
+async def test_debounce_and_unique_for_are_refused_until_implemented(
+    driver: RedisDriver, field: str
+) -> None:
+    """Not in the Redis scripts yet: X_NOT_IMPLEMENTED naming the field, nothing
+    written (never a silent plain enqueue), outside and inside a transaction."""
+    with pytest.raises(JobsError) as err:
+        await driver.enqueue_many([req("k"), req("k2", **{field: 5.0})])
+    assert err.value.code == "X_NOT_IMPLEMENTED"
+    assert field in err.value.message
+    async with driver.transaction() as tx:
+        with pytest.raises(JobsError):
+            await tx.enqueue_many([req("k3", **{field: 5.0})])
+    assert sum(s.ready + s.delayed for s in await driver.stats()) == 0

@@ -36,6 +36,7 @@ from .._protocol import (
     BulkFilter,
     BulkPreview,
     BulkResult,
+    ChildState,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -105,6 +106,17 @@ class _Row:
     busy_key: str | None = None
     #: The newest claims, oldest first (at most MAX_ATTEMPT_LOG).
     attempt_log: list[AttemptRecord] = attrs.Factory(list)
+    #: step.invoke/step.gather: the run that enqueued this one, the runs this one
+    #: enqueued, how many of those are live, and whether the row's suspension
+    #: waits on them.
+    parent_id: str | None = None
+    children: list[str] = attrs.Factory(list)
+    children_pending: int = 0
+    wait_children: bool = False
+    #: This child's settle already counted down its parent (once per live period).
+    child_settled: bool = False
+    #: Enqueued by a job declaring ``unique_for=``: its key is remembered when it settles.
+    unique: bool = False
 
     def end_attempt(
         self,
@@ -135,6 +147,12 @@ def _key(name: str, tenant_id: str | None, key: str) -> tuple[str, str | None, s
 
 #: A counter cell holds done, retried, failed, dead, then the summed duration.
 _COUNTER_FIELDS = {"done": 0, "retried": 1, "failed": 2, "dead": 3}
+
+
+def _not_started(row: _Row) -> bool:
+    """A row a debounced enqueue may still move: never claimed (a sleep's
+    hand-back is uncounted, so the attempt log says it, not ``attempts``)."""
+    return not row.attempt_log and row.state in ("ready", "delayed") and row.busy_key is None
 
 
 def _live_key(row: _Row) -> tuple[str, str | None, str]:
@@ -209,6 +227,8 @@ class MemoryDriver:
         self.clock: Clock = clock if clock is not None else TrioClock()
         self._rows: dict[str, _Row] = {}
         self._live: dict[tuple[str, str | None, str], str] = {}
+        #: The newest settled row of each key enqueued with ``unique_for=``.
+        self._settled_keys: dict[tuple[str, str | None, str], str] = {}
         self._steps: dict[str, dict[str, StepRecord]] = {}
         self._events: list[EventRecord] = []
         self._leases: dict[tuple[str, int], tuple[str, Fence, float]] = {}
@@ -336,6 +356,8 @@ class MemoryDriver:
             existing = self._live.get(key)
             if existing is not None:
                 row = self._rows[existing]
+                if req.debounce is not None and _not_started(row):
+                    self._debounce(row, req, now)
                 out.append(EnqueueResult(row.id, row.run_id, True))
                 continue
             if req.id in self._rows:
@@ -343,7 +365,19 @@ class MemoryDriver:
                 row = self._rows[req.id]
                 out.append(EnqueueResult(row.id, row.run_id, True))
                 continue
-            run_at = req.run_at if req.run_at is not None else now + (req.delay or 0.0)
+            if req.unique_for is not None:
+                settled = self._rows.get(self._settled_keys.get(key, ""))
+                if (
+                    settled is not None
+                    and settled.state in TERMINAL_STATES
+                    and settled.updated_at + req.unique_for > now
+                ):
+                    out.append(EnqueueResult(settled.id, settled.run_id, True))
+                    continue
+            if req.debounce is not None:
+                run_at = now + req.debounce
+            else:
+                run_at = req.run_at if req.run_at is not None else now + (req.delay or 0.0)
             row = _Row(
                 id=req.id,
                 run_id=req.run_id,
@@ -364,18 +398,31 @@ class MemoryDriver:
                 updated_at=now,
                 tx=tx,
                 sensitive=req.sensitive,
+                parent_id=req.parent_id,
+                unique=req.unique_for is not None,
             )
             self._rows[row.id] = row
             self._live[key] = row.id
             if tx is not None:
                 tx.staged.append(row.id)
             else:
+                self._adopt(row)
                 self._index(row)
                 woke = True
             out.append(EnqueueResult(row.id, row.run_id, False))
         if woke:
             self._wake.fire()
         return out
+
+    def _debounce(self, row: _Row, req: EnqueueRequest, now: float) -> None:
+        """A later enqueue of a debounced key: the run takes its input and starts
+        ``debounce`` after it."""
+        row.payload = req.payload
+        row.concurrency_key = req.concurrency_key
+        row.run_at = now + (req.debounce or 0.0)
+        row.state = "delayed"
+        row.updated_at = now
+        self._index(row)  # a new version: the row's old heap entries are stale
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[_MemoryTx]:
@@ -402,6 +449,7 @@ class MemoryDriver:
             row = self._rows.get(job_id)
             if row is not None:
                 row.tx = None
+                self._adopt(row)
                 self._index(row)
         for name, payload in tx.events:
             self._publish(name, payload)
@@ -479,6 +527,7 @@ class MemoryDriver:
                 row.updated_at = now
                 row.version += 1
                 self._free_key(row)
+                self._child_settled(row)
                 self._count(row.name, row.queue, now, state)
                 row.end_attempt(now, "lapsed", ErrorCode.X_JOB_LEASE_LOST, LAPSED_LINE)
                 exhausted.append(
@@ -518,6 +567,7 @@ class MemoryDriver:
         row.lease_expires_at = now + options.visibility_timeout
         row.updated_at = now
         row.waiting_event = None
+        row.wait_children = False
         row.busy_key = None
         promoted, row.promoted = row.promoted, False
         del row.attempt_log[: max(0, len(row.attempt_log) - MAX_ATTEMPT_LOG + 1)]
@@ -556,10 +606,41 @@ class MemoryDriver:
             return None
         return row
 
+    def _adopt(self, row: _Row) -> None:
+        """A committed child counts up its parent's live children."""
+        parent = self._rows.get(row.parent_id) if row.parent_id is not None else None
+        if parent is not None:
+            parent.children.append(row.id)
+            parent.children_pending += 1
+
+    def _child_settled(self, row: _Row) -> None:
+        """A child left the live states: its parent counts it down, and the last
+        one makes a parent suspended on its children due at once."""
+        if row.parent_id is None or row.child_settled:
+            return
+        row.child_settled = True
+        parent = self._rows.get(row.parent_id)
+        if parent is None:
+            return
+        parent.children_pending -= 1
+        now = self.now()
+        if (
+            parent.children_pending <= 0
+            and parent.state == "suspended"
+            and parent.wait_children
+            and parent.run_at > now
+        ):
+            parent.run_at = now
+            parent.updated_at = now
+            self._index(parent)
+            self._wake.fire()
+
     def _free_key(self, row: _Row) -> None:
         key = _live_key(row)
         if self._live.get(key) == row.id:
             del self._live[key]
+            if row.unique:
+                self._settled_keys[key] = row.id
 
     def _count(
         self, name: str, queue: str, now: float, field: str, duration: float | None = None
@@ -588,6 +669,7 @@ class MemoryDriver:
             row.progress = options.progress
         row.version += 1
         self._free_key(row)
+        self._child_settled(row)
         self._release_leases(job_id)
         self._count(row.name, row.queue, now, "done", options.duration)
         row.end_attempt(now, "done")
@@ -616,6 +698,7 @@ class MemoryDriver:
             row.state = options.state
             row.version += 1
             self._free_key(row)
+            self._child_settled(row)
             self._count(row.name, row.queue, now, options.state, options.duration)
             return True
         run_at = options.run_at if options.run_at is not None else now + (options.delay or 0.0)
@@ -628,8 +711,11 @@ class MemoryDriver:
                 )
             else:
                 run_at = now  # released between the busy acquire and now: due at once
+        if options.wait_children and row.children_pending <= 0:
+            run_at = now  # the last child settled while this run was running
         row.run_at = run_at
         row.waiting_event = options.waiting_event
+        row.wait_children = options.wait_children
         if options.state == "suspended":
             row.state = "suspended"
         elif options.state == "delayed":
@@ -779,6 +865,17 @@ class _MemorySteps:
         self._store(job_id, record)
         return True
 
+    async def children(self, ids: Sequence[str]) -> list[ChildState]:
+        self._d._check_open()
+        out: list[ChildState] = []
+        for job_id in ids:
+            row = self._d._rows.get(job_id)
+            if row is None or row.tx is not None:
+                out.append(ChildState(job_id, "cancelled", None, ErrorCode.X_ABORTED))
+            else:
+                out.append(ChildState(job_id, row.state, row.result, row.error_code))  # type: ignore[arg-type]
+        return out
+
     def _store(self, job_id: str, record: StepRecord) -> None:
         steps = self._d._steps.setdefault(job_id, {})
         old = steps.get(record.name)
@@ -896,6 +993,8 @@ class _MemoryIntrospection:
             worker_id=row.fence.worker_id if row.fence is not None else None,
             sensitive=row.sensitive,
             attempt_log=tuple(row.attempt_log) if steps else (),
+            parent_id=row.parent_id,
+            children=tuple(row.children) if steps else (),
         )
 
     async def show(self, job_id: str) -> JobView:
@@ -1020,7 +1119,13 @@ class _MemoryIntrospection:
         row.updated_at = now
         row.version += 1
         d._free_key(row)
+        d._child_settled(row)
         d._release_leases(row.id)
+        # Cancelling a parent cancels its live children (and theirs).
+        for child_id in row.children:
+            child = d._rows.get(child_id)
+            if child is not None and child.state in LIVE_STATES and child.tx is None:
+                await self.cancel(child_id, "its parent was cancelled")
         return self._view(row, steps=True)
 
     async def remove(self, job_id: str) -> None:
@@ -1037,6 +1142,7 @@ class _MemoryIntrospection:
     def _drop(self, row: _Row) -> None:
         d = self._d
         d._free_key(row)
+        d._child_settled(row)
         d._release_leases(row.id)
         row.version += 1
         del d._rows[row.id]

@@ -45,6 +45,7 @@ from .._protocol import (
     BulkFilter,
     BulkPreview,
     BulkResult,
+    ChildState,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -166,6 +167,27 @@ def _channel(schema: str) -> str:
         return "trio_jobs"
     digest = hashlib.blake2s(schema.encode(), digest_size=6).hexdigest()
     return f"trio_jobs_{digest}"
+
+
+def _row_params(r: EnqueueRequest) -> dict[str, Any]:
+    """One request's columns as enqueue_one and enqueue_keyed name them."""
+    return {
+        "id": r.id,
+        "run_id": r.run_id,
+        "name": r.name,
+        "queue": r.queue,
+        "payload": _json_or_none(r.payload),
+        "tenant_id": r.tenant_id,
+        "key": r.idempotency_key,
+        "ckey": r.concurrency_key,
+        "max_attempts": r.max_attempts,
+        "priority": r.priority,
+        "run_at": r.run_at,
+        "delay": r.delay,
+        "actor": _json_or_none(r.actor),
+        "trace_context": _json_or_none(r.trace_context),
+        "sensitive": r.sensitive,
+    }
 
 
 class PostgresDriver:
@@ -384,6 +406,8 @@ class PostgresDriver:
         after_commit: list[Callable[[], None]] | None,
     ) -> list[EnqueueResult]:
         self.db  # noqa: B018 — refuse a closed driver before any work
+        if any(r.debounce is not None or r.unique_for is not None for r in requests):
+            return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         if len(requests) == 1:
             inserted = await self._enqueue_one(run, requests[0], after_commit=after_commit)
             if inserted is not None:
@@ -438,6 +462,44 @@ class PostgresDriver:
                 after_commit.append(lambda: self._fire(queues))
         return [r for r in out if r is not None]
 
+    async def _enqueue_keyed(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        """Requests of a job declaring ``debounce=`` or ``unique_for=``: one
+        statement each, in order (a later input of one key moves the row an
+        earlier one inserted)."""
+        out: list[EnqueueResult] = []
+        ready_queues: set[str] = set()
+        for r in requests:
+            params = _row_params(r)
+            params["debounce"] = r.debounce
+            params["unique_for"] = r.unique_for
+            for _round in range(ENQUEUE_ROUNDS):
+                rows = await run("enqueue_keyed", params)
+                if rows:
+                    break
+            else:
+                raise JobsError(
+                    ErrorCode.X_INVARIANT,
+                    "enqueue could not settle who holds an idempotency key after "
+                    f"{ENQUEUE_ROUNDS} rounds; retry the enqueue",
+                )
+            job_id, run_id, deduped, state = rows[0]
+            out.append(EnqueueResult(job_id, run_id, bool(deduped)))
+            if state == "ready":
+                ready_queues.add(r.queue)
+        if ready_queues:
+            queues = sorted(ready_queues)
+            if after_commit is None:
+                self._fire(queues)
+            else:
+                after_commit.append(lambda: self._fire(queues))
+        return out
+
     async def _enqueue_one(
         self,
         run: _Run,
@@ -448,28 +510,10 @@ class PostgresDriver:
         """The single-request fast path: the new row's result, or None when the
         insert met a live key or a known id (nothing was written)."""
         allowed = bool(self._notify_allowed([r.queue]))
-        rows = await run(
-            "enqueue_one",
-            {
-                "id": r.id,
-                "run_id": r.run_id,
-                "name": r.name,
-                "queue": r.queue,
-                "payload": _json_or_none(r.payload),
-                "tenant_id": r.tenant_id,
-                "key": r.idempotency_key,
-                "ckey": r.concurrency_key,
-                "max_attempts": r.max_attempts,
-                "priority": r.priority,
-                "run_at": r.run_at,
-                "delay": r.delay,
-                "actor": _json_or_none(r.actor),
-                "trace_context": _json_or_none(r.trace_context),
-                "sensitive": r.sensitive,
-                "channel": self.channel,
-                "notify": allowed,
-            },
-        )
+        params = _row_params(r)
+        params["channel"] = self.channel
+        params["notify"] = allowed
+        rows = await run("enqueue_one", params)
         if not rows:
             return None
         state, notified = rows[0]
@@ -956,6 +1000,15 @@ class _PgSteps:
 
     async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
         return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
+
+    async def children(self, ids: Sequence[str]) -> builtins.list[ChildState]:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "the PostgreSQL driver does not run child jobs yet (step.invoke/step.gather need "
+            "a child's settle to make its parent due in the settle's own statement while "
+            "every statement locks job rows in one order; that design is not done); use the "
+            "memory driver for them, or enqueue_many with a counter the last child publishes",
+        )
 
 
 # --------------------------------------------------------------------------- events

@@ -35,6 +35,7 @@ from .._protocol import (
     ORPHAN_MESSAGE,
     AckOptions,
     AttemptRecord,
+    ChildState,
     ClaimedJob,
     ClaimOptions,
     ClaimResult,
@@ -231,6 +232,20 @@ def _request_row(r: EnqueueRequest) -> list[str]:
         _json_opt(dict(r.trace_context) if r.trace_context is not None else None),
         live_field(r.name, r.tenant_id, r.idempotency_key),
     ]
+
+
+def _refuse_keyed(requests: Sequence[EnqueueRequest]) -> None:
+    """``debounce=`` / ``unique_for=`` are not in the Redis scripts yet: refused
+    before anything is written, never silently ignored."""
+    for r in requests:
+        if r.debounce is not None or r.unique_for is not None:
+            field = "debounce" if r.debounce is not None else "unique_for"
+            raise JobsError(
+                ErrorCode.X_NOT_IMPLEMENTED,
+                f"{r.name} declares {field}=, which the Redis driver does not implement "
+                "yet; nothing was queued (use the memory or PostgreSQL driver for this job)",
+                meta={"job": r.name, "field": field},
+            )
 
 
 class RedisDriver:
@@ -478,6 +493,7 @@ class RedisDriver:
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         self.client  # noqa: B018 — refuse a closed driver before any work
+        _refuse_keyed(requests)
         out: list[EnqueueResult] = []
         ready: set[str] = set()
         now = self.now()
@@ -757,6 +773,7 @@ class _RedisTx:
         self._steps: list[list[str]] = []
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        _refuse_keyed(requests)
         out: list[EnqueueResult | None] = [None] * len(requests)
         ask: list[int] = []
         firsts: dict[str, int] = {}
@@ -842,6 +859,14 @@ class _RedisTx:
 class _RedisSteps:
     def __init__(self, driver: RedisDriver) -> None:
         self._d = driver
+
+    async def children(self, ids: Sequence[str]) -> list[ChildState]:
+        raise JobsError(
+            ErrorCode.X_NOT_IMPLEMENTED,
+            "the Redis driver does not run child jobs yet (step.invoke/step.gather need a "
+            "child's settle to count down its parent in the settle's own script); use the "
+            "memory or PostgreSQL driver for them",
+        )
 
     async def load(self, job_id: str) -> list[StepRecord]:
         d = self._d

@@ -114,6 +114,70 @@ notified AS (
 )
 SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
 
+-- name: enqueue_keyed
+-- One request of a job declaring debounce= or unique_for= (jobs without either
+-- never reach it: their enqueues stay the two statements above). It locks the
+-- key's live row, if any: a debounced request moves a row that was never
+-- claimed (no attempt log, ready or delayed, not waiting on a busy key) to
+-- `debounce` after now with this input, and any live row answers deduped. With
+-- no live row, a unique_for request answers the newest row of the key that
+-- settled less than `unique_for` ago (enqueued with unique_for: unique_key),
+-- deduped. Otherwise it inserts. No row answered means a concurrent enqueue of
+-- the key committed after this statement's snapshot: the caller asks again.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+live AS (
+    SELECT j.id, j.run_id,
+        j.attempt_log IS NULL AND j.state IN ('ready', 'delayed') AND j.busy_key IS NULL
+            AS movable
+    FROM trio_jobs_jobs j
+    WHERE j.name = %(name)s AND j.idempotency_key = %(key)s
+      AND j.tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+      AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+    FOR NO KEY UPDATE OF j
+),
+moved AS (
+    UPDATE trio_jobs_jobs j
+    SET payload = %(payload)s::json, concurrency_key = %(ckey)s, state = 'delayed',
+        run_at = n.now + %(debounce)s::float8, updated_at = n.now
+    FROM live, n
+    WHERE j.id = live.id AND live.movable AND %(debounce)s::float8 IS NOT NULL
+    RETURNING j.id
+),
+settled AS (
+    SELECT j.id, j.run_id
+    FROM trio_jobs_jobs j, n
+    WHERE %(unique_for)s::float8 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM live)
+      AND j.unique_key AND j.state IN ('done', 'failed', 'dead', 'cancelled')
+      AND j.name = %(name)s AND j.idempotency_key = %(key)s
+      AND j.tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+      AND j.updated_at > n.now - %(unique_for)s::float8
+    ORDER BY j.updated_at DESC
+    LIMIT 1
+),
+ins AS (
+    INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
+        concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
+        trace_context, sensitive, unique_key)
+    SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
+        %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
+        CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
+        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool,
+        CASE WHEN %(unique_for)s::float8 IS NOT NULL THEN true END
+    FROM n
+    CROSS JOIN LATERAL (
+        SELECT coalesce(%(run_at)s::float8,
+            n.now + coalesce(%(debounce)s::float8, %(delay)s::float8, 0)) AS run_at
+    ) r
+    WHERE NOT EXISTS (SELECT 1 FROM live) AND NOT EXISTS (SELECT 1 FROM settled)
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, state
+)
+SELECT ins.id::text, ins.run_id::text, false, ins.state FROM ins
+UNION ALL
+SELECT live.id::text, live.run_id::text, true, NULL FROM live
+UNION ALL
+SELECT settled.id::text, settled.run_id::text, true, NULL FROM settled;
+
 -- name: claim
 -- One pass of a worker: up to `takes[k]` rows of `queues[k]` (unpaused queues
 -- only), best first by (priority, run_at, seq), locked with SKIP LOCKED so

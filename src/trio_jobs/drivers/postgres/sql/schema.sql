@@ -49,7 +49,10 @@ CREATE TABLE trio_jobs_jobs (
     -- the concurrency lease key this ready row waits on (a busy-key hand-back)
     busy_key         text,
     -- the newest 20 claims, oldest first (see trio_jobs_attempt_begin); NULL: none yet
-    attempt_log      jsonb
+    attempt_log      jsonb,
+    -- enqueued by a job declaring unique_for= (NULL otherwise): its key stays
+    -- taken after it settles (0017)
+    unique_key       boolean
 );
 
 -- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
@@ -81,6 +84,11 @@ CREATE INDEX trio_jobs_jobs_created_idx ON trio_jobs_jobs (created_at, id);
 CREATE INDEX trio_jobs_jobs_settled_idx
     ON trio_jobs_jobs (updated_at)
     WHERE state IN ('done', 'failed', 'dead', 'cancelled');
+
+-- unique_for=: the settled rows of a key that stays taken, newest last.
+CREATE INDEX trio_jobs_jobs_unique_settled_idx
+    ON trio_jobs_jobs (name, idempotency_key, tenant_id, updated_at)
+    WHERE unique_key AND state IN ('done', 'failed', 'dead', 'cancelled');
 
 CREATE TABLE trio_jobs_steps (
     -- no foreign key: a step write is fenced on its job row already, and the

@@ -1,0 +1,277 @@
+"""``python -m benchmarks data [--rows N]``: import_rows and export_rows against
+PostgreSQL's own COPY, side by side in one run.
+
+- import: a generated csv (``--rows``, 2,000,000 by default: about 200 MB, written
+  once under ``benchmarks/.work/``, never committed) read by ``import_rows`` from
+  an obstore ``LocalStore`` into a table; the handle writes each batch with
+  psycopg's ``COPY ... FROM STDIN`` (``write_row``) in a worker thread. Against:
+  ``COPY people FROM STDIN`` of the same file through psycopg.
+- export: the same rows paged by keyset (``where id > %s order by id limit``)
+  into csv parts through ``export_rows``. Against: ``COPY (select ...) TO
+  STDOUT`` of the same query to a file.
+
+Each phase runs in its own process, so its peak RSS growth (``ru_maxrss``
+minus the RSS when the phase starts) is its own. The job runs on the memory
+driver (the queue is not what is measured), with a real Worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+WORK = pathlib.Path(__file__).resolve().parent / ".work"
+COLUMNS = ["id", "name", "email", "score", "active", "note"]
+CREATE = (
+    "create table {t} (id bigint primary key, name text not null, email text not null, "
+    "score double precision, active boolean not null, note text not null)"
+)
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def generate(rows: int) -> pathlib.Path:
+    path = WORK / f"people-{rows}.csv"
+    if path.exists():
+        return path
+    WORK.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        note = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod"
+        for start in range(1, rows + 1, 10_000):
+            f.write(
+                "".join(
+                    f"{i},Person {i},person{i}@example.com,{i % 1000 / 10},"
+                    f"{'true' if i % 2 else 'false'},{note}\n"
+                    for i in range(start, min(start + 10_000, rows + 1))
+                )
+            )
+    tmp.rename(path)
+    return path
+
+
+def _connect() -> Any:
+    import psycopg
+
+    return psycopg.connect(
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"), autocommit=True
+    )
+
+
+def _fresh(conn: Any, table: str) -> None:
+    conn.execute(f"drop table if exists {table}")
+    conn.execute(CREATE.format(t=table))
+
+
+def phase_copy_in(path: pathlib.Path) -> dict[str, Any]:
+    conn = _connect()
+    _fresh(conn, "bench_copy_in")
+    start_rss, t0 = _rss_kb(), time.perf_counter()
+    with (
+        conn.cursor() as cur,
+        cur.copy("copy bench_copy_in from stdin (format csv, header true)") as cp,
+        open(path, "rb") as f,
+    ):
+        while chunk := f.read(1 << 20):
+            cp.write(chunk)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss) / 1024,
+    }
+
+
+def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
+    import attrs
+    import trio
+    from obstore.store import LocalStore
+
+    from trio_jobs import Worker, import_rows, memory_driver, open_jobs
+
+    @attrs.frozen
+    class Person:
+        id: int
+        name: str
+        email: str
+        score: float | None
+        active: bool
+        note: str
+
+    conn = _connect()
+    _fresh(conn, "bench_import")
+    store = LocalStore(str(path.parent))
+
+    def copy_batch(rows: list[Person]) -> None:
+        with (
+            conn.cursor() as cur,
+            cur.copy(f"copy bench_import ({', '.join(COLUMNS)}) from stdin") as cp,
+        ):
+            for r in rows:
+                cp.write_row((r.id, r.name, r.email, r.score, r.active, r.note))
+
+    async def handle(rows: list[Person], _input: Any) -> None:
+        await trio.to_thread.run_sync(copy_batch, rows)
+
+    job = import_rows(
+        name="bench.import",
+        idempotency_key=lambda _: "bench",
+        source=lambda _: store,
+        key=lambda _: path.name,
+        columns=COLUMNS,
+        schema=Person,
+        handle=handle,
+        batch=batch,
+        max_row_errors=0,
+    )
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with open_jobs(driver=memory_driver(), jobs=[job]) as jobs:
+            await job.enqueue(None)
+            start_rss, t0 = _rss_kb(), time.perf_counter()
+            await Worker(jobs, concurrency=1).run_until_quiet()
+            result["seconds"] = time.perf_counter() - t0
+            result["rss_mb"] = (
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss
+            ) / 1024
+
+    trio.run(main)
+    result["rows"] = conn.execute("select count(*) from bench_import").fetchone()[0]
+    return result
+
+
+QUERY = "select id, name, email, score, active, note from bench_copy_in"
+
+
+def phase_copy_out(rows: int) -> dict[str, Any]:
+    conn = _connect()
+    out = WORK / "copy-out.csv"
+    start_rss, t0 = _rss_kb(), time.perf_counter()
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"copy ({QUERY} order by id) to stdout (format csv, header true)") as cp,
+        open(out, "wb") as f,
+    ):
+        for data in cp:
+            f.write(data)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss) / 1024,
+    }
+
+
+def phase_export(page: int) -> dict[str, Any]:
+    import trio
+    from obstore.store import LocalStore
+
+    from trio_jobs import Worker, export_rows, memory_driver, open_jobs
+
+    conn = _connect()
+    target = WORK / "export"
+    target.mkdir(exist_ok=True)
+    store = LocalStore(str(target))
+
+    def fetch(after: int) -> tuple[list[Any], Any]:
+        found = conn.execute(
+            f"{QUERY} where id > %s order by id limit %s", (after, page)
+        ).fetchall()
+        return found, (found[-1][0] if len(found) == page else None)
+
+    async def source(_input: Any, cursor: Any) -> tuple[list[Any], Any]:
+        return await trio.to_thread.run_sync(fetch, cursor or 0)
+
+    job = export_rows(
+        name="bench.export",
+        idempotency_key=lambda _: "bench",
+        source=source,
+        sink=lambda _: store,
+        prefix="people",
+        columns=COLUMNS,
+    )
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with open_jobs(driver=memory_driver(), jobs=[job]) as jobs:
+            await job.enqueue(None)
+            start_rss, t0 = _rss_kb(), time.perf_counter()
+            await Worker(jobs, concurrency=1).run_until_quiet()
+            result["seconds"] = time.perf_counter() - t0
+            result["rss_mb"] = (
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss
+            ) / 1024
+
+    trio.run(main)
+    return result
+
+
+def _child(args: list[str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.data", "--phase", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks data")
+    parser.add_argument(
+        "--rows", type=int, default=2_000_000, help="rows in the csv (2,000,000: ~200 MB)"
+    )
+    parser.add_argument("--batch", type=int, default=5000, help="rows per handle call")
+    parser.add_argument("--page", type=int, default=20_000, help="rows per export page")
+    parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.phase:
+        name, *rest = opts.phase
+        path = pathlib.Path(rest[0]) if rest else None
+        found = {
+            "copy-in": lambda: phase_copy_in(path),
+            "import": lambda: phase_import(path, opts.batch),
+            "copy-out": lambda: phase_copy_out(opts.rows),
+            "export": lambda: phase_export(opts.page),
+        }[name]()
+        print(json.dumps(found))
+        return 0
+    path = generate(opts.rows)
+    size = path.stat().st_size / 1e6
+    print(
+        f"file: {path.name}, {opts.rows:,} rows, {size:.0f} MB; import batch {opts.batch}, export page {opts.page}"
+    )
+    copy_in = _child(["copy-in", str(path)])
+    imported = _child(["import", str(path), "--batch", str(opts.batch)])
+    copy_out = _child(["copy-out", "--rows", str(opts.rows)])
+    exported = _child(["export", "--page", str(opts.page)])
+    print("| benchmark | seconds | MB/s | rows/s | peak RSS growth (MB) | ratio to COPY |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, r, base in (
+        ("COPY FROM STDIN (psycopg)", copy_in, copy_in),
+        ("import_rows (COPY per batch)", imported, copy_in),
+        ("COPY TO STDOUT (psycopg)", copy_out, copy_out),
+        ("export_rows (csv parts)", exported, copy_out),
+    ):
+        print(
+            f"| {label} | {r['seconds']:.2f} | {size / r['seconds']:.0f} | "
+            f"{opts.rows / r['seconds']:,.0f} | {r['rss_mb']:.1f} | {base['seconds'] / r['seconds']:.2f}x |"
+        )
+    if "rows" in imported and imported["rows"] != opts.rows:
+        print(f"import wrote {imported['rows']} rows, expected {opts.rows}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""``export_rows()``: stream a paged read to object storage, one object per page.
+
+Page ``n`` is the step ``page:<n>``: it asks ``source(input, cursor)`` for
+``(rows, next_cursor)``, writes them as ``<prefix>/part-NNNNN.<ext>`` (a whole
+object: a replay of the page overwrites it), and checkpoints the next cursor.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+
+from ._backfill import _items_of
+from ._context import _call
+from ._declare import Concurrency, Job, Retry, check_function
+from ._enqueue import _MISSING
+from ._import_rows import (
+    PAGE_STEP_PREFIX,
+    _check_column_list,
+    _check_name,
+    _declare,
+    _prefix_ok,
+    _resolve_prefix,
+)
+from ._serialization import json_form, payload_form
+from ._store import put
+from ._time import Duration
+from .errors import ErrorCode, JobsError
+
+if TYPE_CHECKING:
+    from ._context import JobContext
+    from ._settled import Settled
+
+__all__ = ["export_rows"]
+
+#: A csv cell starting with one of these is prefixed with ``'`` (a spreadsheet
+#: would run it as a formula).
+FORMULA_STARTS = ("=", "+", "-", "@")
+_EXT = {"csv": "csv", "ndjson": "ndjson"}
+
+
+def _guard(value: str) -> str:
+    return "'" + value if value[:1] in FORMULA_STARTS else value
+
+
+def _cell(value: Any) -> Any:
+    """One csv cell: text guarded, ``None`` empty, a bool ``true``/``false``,
+    dates in ISO form, other values as ``str``."""
+    if type(value) is str:
+        return "'" + value if value[:1] in FORMULA_STARTS else value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, _dt.date | _dt.time):
+        return value.isoformat()
+    if isinstance(value, int | float):
+        return value
+    return _guard(str(value))
+
+
+def _values(row: Any, columns: tuple[str, ...], name: str) -> Any:
+    """A row's values in ``columns`` order: a mapping by key, an attrs instance
+    by attribute, a tuple or list as it is (one value per column)."""
+    if isinstance(row, tuple | list):
+        if len(row) != len(columns):
+            raise JobsError(
+                ErrorCode.X_JOB_DECLARATION_INVALID,
+                f"export {name!r}: a row of {len(row)} values for {len(columns)} columns",
+            )
+        return row
+    if isinstance(row, Mapping):
+        return [row.get(c) for c in columns]
+    if attrs.has(type(row)):
+        return [getattr(row, c) for c in columns]
+    raise JobsError(
+        ErrorCode.X_JOB_DECLARATION_INVALID,
+        f"export {name!r}: rows must be tuples, mappings or attrs instances; "
+        f"source answered a {type(row).__name__}",
+    )
+
+
+def _ndjson_default(value: Any) -> Any:
+    return json_form(value)
+
+
+def render(fmt: str, columns: tuple[str, ...], rows: list[Any], name: str) -> bytes:
+    """One part's bytes: a csv with its header line, or one JSON object a line."""
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([_cell(v) for v in _values(row, columns, name)] for row in rows)
+        return out.getvalue().encode("utf-8")
+    dumps = orjson.dumps
+    return b"".join(
+        dumps(
+            dict(zip(columns, _values(row, columns, name), strict=True)),
+            default=_ndjson_default,
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for row in rows
+    )
+
+
+def export_rows(
+    *,
+    name: Any = _MISSING,
+    input: Any = None,
+    tenant: Any = "none",
+    idempotency_key: Any = _MISSING,
+    source: Any = _MISSING,
+    sink: Any = _MISSING,
+    prefix: Any = _MISSING,
+    format: Any = "csv",
+    columns: Any = _MISSING,
+    queue: str = "default",
+    retry: Retry | None = None,
+    concurrency: int | Concurrency | None = None,
+    step_timeout: Duration | None = None,
+    on_settled: Callable[[Settled], Any] | None = None,
+    **unknown: Any,
+) -> Job[Any, dict[str, Any]]:
+    """Declare an export: a job that writes a paged read to object storage.
+
+    ``source(input, cursor)`` answers ``(rows, next_cursor)`` (``None``: the
+    last page; the first page is asked with ``cursor=None``, each later one with
+    the JSON form of the cursor the page before answered). Rows are tuples (one
+    value per column), mappings or attrs instances. ``sink(input)`` answers an
+    obstore store and ``prefix`` (a ``str`` or a function of the input) the key
+    prefix: page ``n`` is the object ``<prefix>/part-NNNNN.csv`` (or
+    ``.ndjson``), written whole, so a replayed page overwrites its part. A csv
+    part starts with a header line naming ``columns``; a text cell starting
+    with ``=``, ``+``, ``-`` or ``@`` is prefixed with ``'`` (a spreadsheet
+    would run it as a formula). The run's result is ``{"pages": n, "rows": n,
+    "prefix": str}``.
+
+    Every argument is a keyword; the others are as for :func:`~trio_jobs.job`.
+    A bad declaration is ``X_JOB_DECLARATION_INVALID`` naming every fault.
+
+    >>> export_orders = export_rows(
+    ...     name="orders.export",
+    ...     input=ExportOrders,
+    ...     idempotency_key=lambda i: f"orders-export:{i.org}",
+    ...     source=lambda i, after: fetch_orders(i.org, after, limit=10_000),
+    ...     sink=lambda i: S3Store("exports", region="eu-west-1"),
+    ...     prefix=lambda i: f"{i.org}/orders",
+    ...     columns=["id", "total"],
+    ... )
+    """
+    faults: list[str] = []
+    if unknown:
+        faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
+    name_ok = _check_name(name, faults)
+    check_function(
+        source, "source", 2, "source(input, cursor) answering (rows, next_cursor)", faults
+    )
+    check_function(sink, "sink", 1, "sink(input) answering an obstore store", faults)
+    if prefix is _MISSING or prefix is None:
+        faults.append("prefix= is required: a str or a function of the input")
+    elif not _prefix_ok(prefix):
+        faults.append("prefix must be a str or a function of the input")
+    if format not in _EXT:
+        faults.append('format must be "csv" or "ndjson"')
+    cols = _check_column_list(columns, faults)
+    return _declare(
+        "export_rows",
+        "export",
+        name if name_ok else "export",
+        faults,
+        idempotency_key,
+        dict(
+            input=input,
+            tenant=tenant,
+            queue=queue,
+            retry=retry,
+            concurrency=concurrency,
+            step_timeout=step_timeout,
+            on_settled=on_settled,
+        ),
+        lambda job_name: _body(job_name, source, sink, prefix, format, cols),
+    )
+
+
+def _body(
+    name: str,
+    source: Callable[[Any, Any], Any],
+    sink: Callable[[Any], Any],
+    prefix: str | Callable[[Any], Any],
+    fmt: str,
+    columns: tuple[str, ...],
+) -> Callable[[JobContext[Any]], Any]:
+    async def run_export(ctx: JobContext[Any]) -> dict[str, Any]:
+        store = await _call(sink, ctx.input)
+        base = await _resolve_prefix(prefix, ctx.input, "prefix")
+        cursor: Any = None
+        pages = 0
+        rows = 0
+        while True:
+            number = pages + 1
+
+            async def page(number: int = number, cursor: Any = cursor, before: int = rows) -> Any:
+                found, nxt = _items_of(name, await _call(source, ctx.input, cursor))
+                nxt = payload_form(
+                    nxt,
+                    what=f"export {name!r}: the cursor source answered",
+                    code=ErrorCode.X_STEP_OUTPUT_UNSERIALIZABLE,
+                )
+                if nxt is not None and nxt == cursor:
+                    raise JobsError(
+                        ErrorCode.X_JOB_DECLARATION_INVALID,
+                        f"export {name!r}: source answered the cursor it was asked with; "
+                        "the export would never end (answer where the next page starts, "
+                        "or None after the last page)",
+                    )
+                body = render(fmt, columns, found, name)
+                part = f"part-{number:05d}.{_EXT[fmt]}"
+                await put(store, f"{base}/{part}" if base else part, body)
+                return {"cursor": nxt, "rows": before + len(found)}
+
+            out = await ctx.step.run(f"{PAGE_STEP_PREFIX}{number}", page)
+            pages = number
+            cursor, rows = out["cursor"], int(out["rows"])
+            if cursor is None:
+                return {"pages": pages, "rows": rows, "prefix": base}
+
+    run_export.__name__ = run_export.__qualname__ = name
+    return run_export
