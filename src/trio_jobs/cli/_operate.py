@@ -108,6 +108,8 @@ VIEW_FIELDS: tuple[str, ...] = (
     "sensitive",
     "attempt_log",
     "consumer",
+    "parent_id",
+    "children",
     # derived
     "next_retry",
     "redacted",
@@ -208,6 +210,10 @@ def view_json(view: JobView, backfill: BackfillRow | None = None) -> dict[str, A
         "consumer": None
         if view.consumer is None
         else {**view.consumer, "key": value(view.consumer.get("key"))},
+        # step.invoke/step.gather: the run that enqueued this one, and the runs
+        # this one enqueued (ids only)
+        "parent_id": view.parent_id,
+        "children": list(view.children),
         "next_retry": view.run_at if view.state in _WAITING else None,
         "redacted": hide,
         "backfill": None if backfill is None else backfill_json(backfill, hide=hide),
