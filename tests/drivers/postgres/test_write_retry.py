@@ -419,6 +419,13 @@ async def test_a_worker_whose_ack_committed_but_lost_its_answer_counts_it_done_o
         async with trio.open_nursery() as nursery:
             worker = await _running(jobs, nursery, visibility_timeout="10s")
             await until(lambda: _true(ran == ["r:1"]), what="the body to start")
+            # Idle pooled connections for the ack: once replies are held, a new
+            # connection cannot finish its handshake, so an ack that had to open
+            # one would never reach the server (on a loaded box the claim and the
+            # heartbeat could hold every connection the pool had).
+            async with trio.open_nursery() as warm:
+                for _ in range(6):
+                    warm.start_soon(pdriver.db.fetch, "SELECT pg_sleep(0.05)")
             proxy.hold()
             gate.set()
 
