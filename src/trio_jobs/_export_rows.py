@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import orjson
 
-from ._backfill import _items_of
+from ._backfill import MAX_NAME, _items_of
 from ._context import _call
-from ._declare import Concurrency, Job, Retry, check_function
+from ._declare import Concurrency, Job, Retry, check_factory_name, check_function
 from ._enqueue import _MISSING
 from ._import_rows import (
     PAGE_STEP_PREFIX,
     _check_column_list,
-    _check_name,
     _declare,
     _prefix_ok,
     _resolve_prefix,
@@ -157,7 +156,7 @@ def export_rows(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = _check_name(name, faults)
+    name_ok = check_factory_name(name, MAX_NAME, "the job's name", faults)
     check_function(
         source, "source", 2, "source(input, cursor) answering (rows, next_cursor)", faults
     )

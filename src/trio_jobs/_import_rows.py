@@ -31,7 +31,7 @@ import orjson
 
 from ._backfill import MAX_NAME
 from ._context import _call
-from ._declare import Concurrency, Job, Retry, check_function, job
+from ._declare import Concurrency, Job, Retry, check_factory_name, check_function, job
 from ._enqueue import _MISSING
 from ._serialization import converter
 from ._store import ObjectMeta, get_range, head, put
@@ -236,7 +236,7 @@ def import_rows(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = _check_name(name, faults)
+    name_ok = check_factory_name(name, MAX_NAME, "the job's name", faults)
     check_function(source, "source", 1, "source(input) answering an obstore store", faults)
     check_function(key, "key", 1, "key(input) answering the object's key", faults)
     check_function(handle, "handle", 2, "handle(rows, input) writing one batch", faults)
@@ -296,18 +296,6 @@ def import_rows(
             )
         ),
     )
-
-
-def _check_name(name: Any, faults: list[str]) -> bool:
-    if name is _MISSING or name is None:
-        faults.append("name= is required: the job's name")
-    elif not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-        faults.append(f"name must be a non-empty string of at most {MAX_NAME} characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        return True
-    return False
 
 
 def _check_column_list(columns: Any, faults: list[str]) -> tuple[str, ...]:

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from ._backfill import MAX_NAME
 from ._context import _call as call
-from ._declare import Concurrency, Job, Retry, job
+from ._declare import Concurrency, Job, Retry, check_factory_name, job
 from ._enqueue import _MISSING
 from ._time import Duration
-from ._validate import text_fault
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
 if TYPE_CHECKING:
@@ -409,15 +409,9 @@ def webhook_receiver(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = False
-    if name is _MISSING or name is None:
-        faults.append("name= is required: the receiver's job name (a durable queue key)")
-    elif not isinstance(name, str) or not name.strip() or len(name) > 200:
-        faults.append("name must be a non-empty string of at most 200 characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        name_ok = True
+    name_ok = check_factory_name(
+        name, MAX_NAME, "the receiver's job name (a durable queue key)", faults
+    )
     if path is _MISSING or path is None:
         faults.append('path= is required: where the door is, e.g. "/hooks/billing/{account}"')
     else:

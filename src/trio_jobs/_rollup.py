@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo
 import attrs
 
 from ._context import _call
-from ._declare import Concurrency, Job, Retry, job
+from ._declare import Concurrency, Job, Retry, check_factory_name, job
 from ._enqueue import _MISSING
 from ._serialization import UnserializableError, converter, dumps
 from ._task import _zone
@@ -182,18 +182,6 @@ def _check_callable(value: object, field: str, shape: str, n: int, faults: list[
         faults.append(f"{field} must take {n} arguments: {shape}")
 
 
-def _check_name(name: object, what: str, faults: list[str]) -> bool:
-    if name is _MISSING or name is None:
-        faults.append(f"name= is required: the {what}'s job name")
-    elif not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-        faults.append(f"name must be a non-empty string of at most {MAX_NAME} characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        return True
-    return False
-
-
 def _check_relation(value: object, field: str, what: str, faults: list[str]) -> bool:
     if value is _MISSING or value is None:
         faults.append(f"{field}= is required: the name of the {what} ('name' or 'schema.name')")
@@ -336,7 +324,7 @@ def rollup(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = _check_name(name, "rollup", faults)
+    name_ok = check_factory_name(name, MAX_NAME, "the rollup's job name", faults)
     _check_relation(into, "into", "table the rollup writes", faults)
     keys: list[str] = []
     if key is _MISSING or key is None:
@@ -586,7 +574,7 @@ def refresh_view(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = _check_name(name, "refresh", faults)
+    name_ok = check_factory_name(name, MAX_NAME, "the refresh's job name", faults)
     _check_relation(view, "view", "materialized view", faults)
     if not isinstance(concurrently, bool):
         faults.append("concurrently must be True or False")

@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from ._backfill import MAX_NAME
 from ._context import WRITE_BUDGET, _call
-from ._declare import Job, Retry, job
+from ._declare import Job, Retry, check_factory_name, job
 from ._enqueue import _MISSING
 from ._serialization import dumps, payload_form
 from ._time import Duration, parse_duration
@@ -228,15 +229,7 @@ def webhook(
     faults: list[str] = []
     if unknown:
         faults.append(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name_ok = False
-    if name is _MISSING or name is None:
-        faults.append("name= is required: the webhook's name, a durable queue key")
-    elif not isinstance(name, str) or not name.strip() or len(name) > 200:
-        faults.append("name must be a non-empty string of at most 200 characters")
-    elif (fault := text_fault(name)) is not None:
-        faults.append(f"name cannot be stored: {fault}")
-    else:
-        name_ok = True
+    name_ok = check_factory_name(name, MAX_NAME, "the webhook's name, a durable queue key", faults)
     if tenant is _MISSING or tenant is None:
         faults.append(
             "tenant= is required: a function of the delivery answering the org that owns the "
