@@ -33,6 +33,9 @@ SUITES: dict[str, str] = {
     "data": "benchmarks.data",
     "subjects": "benchmarks.subjects",
     "webhooks": "benchmarks.webhooks",
+    "fleet": "benchmarks.fleet",
+    "big-table": "benchmarks.big_table",
+    "prepared": "benchmarks.prepared",
 }
 
 

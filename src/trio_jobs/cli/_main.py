@@ -255,6 +255,17 @@ def migrate(as_json: bool, database_url: str | None) -> None:
     "worker process; a run over it is deferred, its attempt uncounted.",
 )
 @click.option(
+    "--listen-database-url",
+    "listen_database_url",
+    envvar="TRIO_JOBS_LISTEN_URL",
+    default=None,
+    metavar="URL",
+    help="Where the LISTEN session connects when the database URL goes through a "
+    "transaction-mode pooler (PgBouncer): a direct or session-pooled address. Without it "
+    "a pooler that drops notifications is warned about once and the worker polls. "
+    "Default: $TRIO_JOBS_LISTEN_URL.",
+)
+@click.option(
     "--processes",
     type=int,
     default=1,
@@ -275,6 +286,7 @@ def worker(
     idle_poll_max: str | None,
     purge: bool,
     rate_per_tenant: str | None,
+    listen_database_url: str | None,
     processes: int,
     as_json: bool,
     database_url: str | None,
@@ -311,6 +323,7 @@ def worker(
         database_url=database_url,
         processes=processes,
         rate_per_tenant=parse_rate(rate_per_tenant),
+        listen_database_url=listen_database_url,
     )
     check_settings(opts)
     if processes > 1:

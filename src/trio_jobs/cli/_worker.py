@@ -30,6 +30,7 @@ from .._declare import Job
 from ._args import check_queue, check_target
 from ._common import (
     EXIT_ABANDONED,
+    _checked,
     config_error,
     flush_logs,
     log_event,
@@ -213,6 +214,7 @@ class WorkerOptions:
     database_url: str | None
     processes: int = 1
     rate_per_tenant: tuple[int, str] | None = None
+    listen_database_url: str | None = None
 
 
 async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str, Any]:
@@ -226,7 +228,10 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         handles = load_jobs(opts.target)
         db = await resolve_database(opts.database_url)
-        async with open_jobs(postgres_driver(db.dsn), jobs=handles) as jobs:
+        listen = opts.listen_database_url
+        if listen is not None:
+            listen = _checked(listen, "--listen-database-url")
+        async with open_jobs(postgres_driver(db.dsn, listen_dsn=listen), jobs=handles) as jobs:
             queues = opts.queues
             if queues is None and isinstance(opts.concurrency, dict):
                 queues = list(opts.concurrency)

@@ -19,12 +19,14 @@ from trio_jobs.drivers import EnqueueRequest
 from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
 
 from .cluster import Cluster, binaries_missing
+from .pgbouncer import Bouncer
+from .pgbouncer import binary as pgbouncer_binary
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(scope="session")
-def pg_dsn() -> str:
+def direct_dsn() -> str:
+    """The test server's own address: ``$DATABASE_URL``, else the embedded server."""
     dsn = os.environ.get("DATABASE_URL")
     if dsn:
         return dsn
@@ -32,6 +34,11 @@ def pg_dsn() -> str:
     from trio_jobs.drivers.postgres import embedded_dsn
 
     return trio.run(embedded_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    return direct_dsn()
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +51,17 @@ def pg_cluster() -> Iterator[Cluster]:
         pytest.skip(f"no throwaway PostgreSQL cluster: {missing}")
     with Cluster(settings={"deadlock_timeout": "100ms"}) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[Bouncer]:
+    """A PgBouncer in transaction mode in front of ``pg_dsn``'s server, on a free
+    port, for this test session (``pgbouncer.py``); skipped, saying why, when
+    the binary is not installed (``.ci/run`` installs Debian's)."""
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooled-DSN tests")
+    with Bouncer(direct_dsn()) as bouncer:
+        yield bouncer
 
 
 @pytest.fixture
@@ -119,7 +137,11 @@ def req(
 
 
 def sql(dsn: str, schema: str, statement: str, params: object = None) -> list[tuple[object, ...]]:
-    """Read the test's schema directly (sync psycopg, outside the driver)."""
-    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
-        cur = conn.execute(statement, params)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description else []
+    """Read the test's schema directly (sync psycopg, outside the driver): in a
+    transaction of its own that sets ``search_path`` locally, so ``dsn`` may go
+    through a transaction-mode pooler (``pgbouncer``)."""
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        with conn.transaction():
+            conn.execute(f'SET LOCAL search_path TO "{schema}"')
+            cur = conn.execute(statement, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []

@@ -100,6 +100,8 @@ ATTRIBUTES = [
     (pq.PGconn, "cancel_conn"),
     (pq.PGcancelConn, "poll"),
     (psycopg.AsyncConnection, "closed"),
+    # set to None: no server-side prepared statement behind a pooler
+    (psycopg.AsyncConnection, "prepare_threshold"),
 ]
 
 

@@ -46,6 +46,8 @@ def postgres_driver(
     schema: str | None = None,
     clock: Clock | None = None,
     pool_size: int = 10,
+    listen_dsn: str | None = None,
+    prepared_statements: bool = False,
 ) -> PostgresDriver:
     """The PostgreSQL driver (the default queue). Constructing it does no I/O;
     ``open()`` connects.
@@ -58,23 +60,42 @@ def postgres_driver(
     ``trio-jobs migrate``. ``schema`` puts every table in that (existing) schema
     instead of the connection's default. ``clock`` replaces the database's clock
     for due times and leases: tests only. ``pool_size`` bounds the connections
-    this process opens (the LISTEN session is one more).
+    this process opens (the LISTEN session is one more): a fleet of N processes
+    wants at most N * (pool_size + 1) connections (docs/explanation/scaling.md).
+
+    Behind a transaction-mode pooler (PgBouncer): pass the pooled address as
+    ``dsn`` and a direct (or session-pooled) one as ``listen_dsn``, where the
+    LISTEN session connects; without it a pooler that cannot hold a LISTEN is
+    found by the wake's probe, warned about once, and the worker polls. Every
+    pooled statement leaves nothing on its server connection: ``schema`` is
+    named in the statements themselves (never a startup ``options``, which
+    poolers drop), and no statement is prepared on the server unless
+    ``prepared_statements=True`` says the pooler keeps them (PgBouncer 1.21+
+    with ``max_prepared_statements``, or a direct connection).
     """
     from ._driver import PostgresDriver
 
-    return PostgresDriver(dsn, migrate=migrate, schema=schema, clock=clock, pool_size=pool_size)
+    return PostgresDriver(
+        dsn,
+        migrate=migrate,
+        schema=schema,
+        clock=clock,
+        pool_size=pool_size,
+        listen_dsn=listen_dsn,
+        prepared_statements=prepared_statements,
+    )
 
 
 async def migrate(dsn: str | None = None, *, schema: str | None = None) -> list[int]:
     """Create or upgrade the schema (``trio-jobs migrate``); idempotent. Answers
     the versions applied now (empty when already up to date)."""
     from ._bridge import Database, Pool
-    from ._driver import PostgresDriver, conninfo_with_schema
+    from ._driver import PostgresDriver, lift_search_path
     from ._migrate import migrate as _migrate
 
     driver = PostgresDriver(dsn, migrate=False, schema=schema)
-    resolved = await driver._resolve_dsn()
-    db = Database(Pool(conninfo_with_schema(resolved, schema), max_size=1))
+    base, lifted = lift_search_path(await driver._resolve_dsn())
+    db = Database(Pool(base, max_size=1), schema=schema or lifted)
     try:
         return await _migrate(db)
     finally:

@@ -70,6 +70,8 @@ from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo
 from psycopg.types.json import set_json_loads
 
 from ...errors import DriverError, ErrorCode
+from ...logging import emit
+from ._sql import qualify, quote_ident
 
 __all__ = [
     "Database",
@@ -100,6 +102,9 @@ _POLL_OK = pq.PollingStatus.OK
 _POLL_READING = pq.PollingStatus.READING
 _POLL_WRITING = pq.PollingStatus.WRITING
 _POLL_FAILED = pq.PollingStatus.FAILED
+
+#: How long calls must succeed with none failing before an outage is over.
+RECOVERED_AFTER = 1.0
 
 #: How long a cancelled query may take to drain (and a rollback to land) before
 #: the connection is closed instead.
@@ -332,11 +337,16 @@ def _json_loads(data: bytes | bytearray | memoryview | str) -> Any:
     return orjson.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
-async def connect(conninfo: str, *, timeout: float = 10.0) -> TrioConnection:
+async def connect(conninfo: str, *, timeout: float = 10.0, prepare: bool = False) -> TrioConnection:
     """Open one autocommit :class:`TrioConnection`.
 
     Host names are resolved in a worker thread (libpq's resolution blocks);
-    every other step runs on Trio."""
+    every other step runs on Trio. Without ``prepare`` the connection never
+    prepares a statement on the server (psycopg would after a statement's fifth
+    run): behind a transaction-mode pooler the next run may land on another
+    server connection, where the prepared name does not exist
+    (``InvalidSqlStatementName``) or names another statement
+    (``DuplicatePreparedStatement``)."""
     params = conninfo_to_dict(conninfo)
     # One attempt per host (and address), as psycopg's own connect makes them.
     # The lookup blocks in its thread: the connect timeout bounds it too.
@@ -356,6 +366,8 @@ async def connect(conninfo: str, *, timeout: float = 10.0) -> TrioConnection:
             last = exc
             continue
         conn = TrioConnection(pgconn)
+        if not prepare:
+            conn.prepare_threshold = None
         await conn.set_autocommit(True)
         set_json_loads(_json_loads, conn)
         return conn
@@ -395,8 +407,10 @@ class Pool:
         max_size: int = 10,
         connect_timeout: float = 10.0,
         on_connect: Callable[[TrioConnection], Any] | None = None,
+        prepare: bool = False,
     ) -> None:
         self.conninfo = conninfo
+        self.prepare = prepare
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self._on_connect = on_connect
@@ -410,7 +424,7 @@ class Pool:
         return len(self._all)
 
     async def _new(self) -> TrioConnection:
-        conn = await connect(self.conninfo, timeout=self.connect_timeout)
+        conn = await connect(self.conninfo, timeout=self.connect_timeout, prepare=self.prepare)
         try:
             if self._on_connect is not None:
                 await self._on_connect(conn)
@@ -505,21 +519,84 @@ class Transaction:
 
 class Database:
     """What the driver calls. Every call is either one statement on an autocommit
-    connection (atomic by itself) or one whole transaction."""
+    connection (atomic by itself) or one whole transaction.
 
-    def __init__(self, pool: Pool) -> None:
+    Nothing a call does outlives it on the server connection, so every call is
+    safe behind a transaction-mode pooler: with a ``schema``, a lone statement
+    names its objects in it (:func:`~._sql.qualify`) and a transaction opens
+    with ``SET LOCAL search_path`` (undone by its own end); no session ``SET``,
+    no session advisory lock, and no prepared statement unless the pool's
+    ``prepare`` says the pooler keeps them."""
+
+    def __init__(self, pool: Pool, *, schema: str | None = None) -> None:
         self.pool = pool
+        self.schema = schema
+        self._begin = (
+            "BEGIN" if schema is None else f"BEGIN; SET LOCAL search_path TO {quote_ident(schema)}"
+        )
+        #: When the current outage began (Trio time), None while calls succeed.
+        self.down_since: float | None = None
+        self._failed_calls = 0
+        self._last_failure = 0.0
+
+    def _outage(self, exc: BaseException) -> None:
+        """A call failed for want of a connection: the first of an outage logs
+        ``jobs.driver.unavailable`` (a warning), the rest only count. A pooler
+        restart or a refused connect fails every statement in flight and every
+        retry of each; one line says what happened, not one a statement."""
+        if not (isinstance(exc, DriverError) and exc.code == ErrorCode.X_DRIVER_UNAVAILABLE):
+            return
+        self._failed_calls += 1
+        self._last_failure = trio.current_time()
+        if self.down_since is None:
+            self.down_since = trio.current_time()
+            emit(
+                logger,
+                logging.WARNING,
+                "jobs.driver.unavailable",
+                code=exc.code,
+                sqlstate=(exc.meta or {}).get("sqlstate"),
+                hint="statements fail until PostgreSQL (or the pooler in front of it) takes "
+                "connections again; settles and step writes retry, the claim backs off",
+            )
+
+    def _recovered(self) -> None:
+        """A call succeeded: the outage is over once none has failed for
+        :data:`RECOVERED_AFTER` (a pooler at its ``max_client_conn`` refuses new
+        connections while pooled ones still work: one outage, not a line a flap)."""
+        if (
+            self.down_since is not None
+            and trio.current_time() - self._last_failure >= RECOVERED_AFTER
+        ):
+            emit(
+                logger,
+                logging.INFO,
+                "jobs.driver.recovered",
+                down_for=round(trio.current_time() - self.down_since, 3),
+                failed_calls=self._failed_calls,
+            )
+            self.down_since = None
+            self._failed_calls = 0
 
     async def fetch(self, sql: str, params: Params = None) -> list[Row]:
         """Run one statement; its rows (none for a statement that returns none)."""
+        if self.schema is not None:
+            sql = qualify(sql, self.schema)
         try:
             async with self.pool.connection() as conn:
-                return await _run(conn, sql, params)
+                rows = await _run(conn, sql, params)
         except psycopg.Error as exc:
             found = translate(exc)
             if found is not exc:
+                self._outage(found)
                 raise found from None
             raise
+        except DriverError as exc:
+            self._outage(exc)
+            raise
+        if self.down_since is not None:
+            self._recovered()
+        return rows
 
     async def script(self, sql: str) -> None:
         """Run a parameterless multi-statement script (simple query protocol)."""
@@ -532,12 +609,19 @@ class Database:
         try:
             conn = await self.pool.acquire()
         except psycopg.Error as exc:
-            raise unavailable(exc) from None
+            found = unavailable(exc)
+            self._outage(found)
+            raise found from None
+        except DriverError as exc:
+            self._outage(exc)
+            raise
         try:
             try:
-                await conn.execute("BEGIN")
+                await conn.execute(self._begin)
             except psycopg.Error as exc:
-                raise unavailable(exc) from None
+                found = unavailable(exc)
+                self._outage(found)
+                raise found from None
             tx = Transaction(conn)
             try:
                 yield tx
@@ -549,10 +633,13 @@ class Database:
             except psycopg.Error as exc:
                 # A connection lost here leaves the outcome unknown (the commit may
                 # have landed); a conflict (a serializable commit) rolled back.
-                found = translate(exc)
-                if found is not exc:
-                    raise found from None
+                translated = translate(exc)
+                if translated is not exc:
+                    self._outage(translated)
+                    raise translated from None
                 raise
+            if self.down_since is not None:
+                self._recovered()
             for hook in tx.after_commit:
                 hook()
         finally:

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from operator import attrgetter
@@ -151,13 +152,49 @@ def _progress(value: Any) -> Progress | None:
 
 
 def conninfo_with_schema(dsn: str, schema: str | None) -> str:
-    """``dsn`` with ``search_path`` set to ``schema`` (unchanged for ``None``)."""
+    """``dsn`` with ``search_path`` set to ``schema`` (unchanged for ``None``).
+
+    For a direct session (a test's own connection, a tool): the driver itself
+    never sends it (see :func:`lift_search_path`)."""
     if schema is None:
         return dsn
     params = conninfo_to_dict(dsn)
     options = str(params.get("options") or "")
     params["options"] = f"{options} -c search_path={schema}".strip()
     return make_conninfo("", **params)
+
+
+_SEARCH_PATH_RE = re.compile(r"(?:-c\s*|--)search_path=(\S*)")
+
+
+def lift_search_path(dsn: str) -> tuple[str, str | None]:
+    """``dsn`` without a ``-c search_path=NAME`` in its startup ``options``, and
+    that ``NAME`` (``None`` when there is none).
+
+    The driver names its schema in every statement instead (``Database``): a
+    pooler commonly drops startup ``options`` (PgBouncer's
+    ``ignore_startup_parameters``) or refuses the connection over them, and the
+    tables would land in ``public`` without a word. A search path of more than
+    one schema is refused: which one holds the tables is the driver's to know."""
+    params = conninfo_to_dict(dsn)
+    options = str(params.get("options") or "")
+    found = _SEARCH_PATH_RE.findall(options)
+    if not found:
+        return dsn, None
+    value = found[-1].strip('"')
+    if not value or "," in value or value.startswith("$"):
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            "the connection string's options set a search_path other than one schema; "
+            "pass the schema that holds the tables as schema= and drop search_path from "
+            "the options",
+        )
+    rest = _SEARCH_PATH_RE.sub("", options).strip()
+    if rest:
+        params["options"] = rest
+    else:
+        params.pop("options", None)
+    return make_conninfo("", **params), value
 
 
 def _channel(schema: str) -> str:
@@ -209,8 +246,13 @@ class PostgresDriver:
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         step_linger: float = 0.0,
+        listen_dsn: str | None = None,
+        prepared_statements: bool = False,
     ) -> None:
         self._dsn_arg = dsn
+        self._listen_dsn_arg = listen_dsn
+        self._prepare = prepared_statements
+        self._listen_conninfo = ""
         self._migrate = migrate
         self._schema_arg = schema
         self._clock = clock
@@ -240,7 +282,7 @@ class PostgresDriver:
         self.tasks: PgTasks | None = PgTasks(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
-            conninfo=lambda: self._conninfo,
+            conninfo=lambda: self.listen_dsn,
             send_probe=self._send_probe,
             start=self._start_service_task,
         )
@@ -251,8 +293,15 @@ class PostgresDriver:
 
     @property
     def dsn(self) -> str:
-        """The connection string in use (after :meth:`open`)."""
+        """The connection string in use (after :meth:`open`), with the schema as a
+        startup ``search_path`` for a direct session of one's own."""
         return self._conninfo
+
+    @property
+    def listen_dsn(self) -> str:
+        """Where the LISTEN session connects (after :meth:`open`): ``listen_dsn``,
+        else the pool's connection string."""
+        return self._listen_conninfo
 
     @property
     def db(self) -> Database:
@@ -301,17 +350,38 @@ class PostgresDriver:
                 "the PostgreSQL connection string does not parse; pass a URI "
                 "(postgresql://user@host/db) or a libpq key=value string",
             ) from None
-        self._conninfo = conninfo_with_schema(make_conninfo("", **params), self._schema_arg)
+        base, lifted = lift_search_path(make_conninfo("", **params))
+        schema = self._schema_arg or lifted
+        self._conninfo = conninfo_with_schema(base, schema)
+        self._listen_conninfo = (
+            lift_search_path(self._listen_dsn_arg)[0] if self._listen_dsn_arg else base
+        )
         self._db = Database(
-            Pool(self._conninfo, max_size=self._pool_size, connect_timeout=self._connect_timeout)
+            Pool(
+                base,
+                max_size=self._pool_size,
+                connect_timeout=self._connect_timeout,
+                prepare=self._prepare,
+            ),
+            schema=schema,
         )
         try:
-            rows = await self._db.fetch("SELECT current_schema()")
-            if rows and rows[0][0] is not None:
-                self.schema = str(rows[0][0])
-                self.channel = _channel(self.schema)
-                if self.wake is not None:
-                    self.wake.channel = self.channel
+            if schema is not None:
+                rows = await self._db.fetch(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+                )
+                if not rows:
+                    raise JobsError(
+                        ErrorCode.X_CONFIG_INVALID,
+                        f"schema= names a schema the database does not have ({schema!r}); "
+                        "create it first (CREATE SCHEMA) or pass the one that holds the tables",
+                    )
+            else:
+                rows = await self._db.fetch("SELECT current_schema()")
+            self.schema = schema if schema is not None else str(rows[0][0] or "public")
+            self.channel = _channel(self.schema)
+            if self.wake is not None:
+                self.wake.channel = self.channel
             if self._migrate:
                 await migrate(self._db)
             else:

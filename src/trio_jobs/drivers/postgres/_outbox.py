@@ -75,7 +75,7 @@ class PostgresOutbox:
         self._notified: dict[str, float] = {}
         self.wake: _AnyWake | None = _AnyWake(
             self._channel(),
-            conninfo=lambda: self._pg.dsn,
+            conninfo=lambda: self._pg.listen_dsn,
             send_probe=self._send_probe,
             start=self._pg._start_service_task,
         )

@@ -11,7 +11,7 @@ import functools
 import re
 from importlib import resources
 
-__all__ = ["load_queries", "migrations", "query", "schema_sql"]
+__all__ = ["load_queries", "migrations", "qualify", "query", "quote_ident", "schema_sql"]
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 
@@ -75,3 +75,60 @@ def migrations() -> tuple[tuple[int, str, str], ...]:
 def schema_sql() -> str:
     """The shipped schema: what replaying every migration must give."""
     return resources.files(__package__).joinpath("sql", "schema.sql").read_text("utf-8")
+
+
+# --------------------------------------------------------------------------- schema
+
+#: One lexical piece of a statement, leftmost first: a comment, a quoted string,
+#: a quoted identifier (each kept whole, so an apostrophe in a comment or a name
+#: in a string is not mistaken for code), else a trio-jobs object's name not
+#: already qualified, else a call of ``current_schema()``.
+_PIECE_RE = re.compile(
+    r"""--[^\n]*"""
+    r"""|'(?:[^']|'')*'"""
+    r'''|"(?:[^"]|"")*"'''
+    r"""|(?<![\w.$])trio_jobs_[a-z0-9_]+\b"""
+    r"""|\bcurrent_schema\(\s*\)""",
+    re.IGNORECASE,
+)
+_OBJECT_RE = re.compile(r"trio_jobs_[a-z0-9_]+")
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a double-quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@functools.lru_cache(maxsize=4096)
+def qualify(sql: str, schema: str) -> str:
+    """``sql`` with every trio-jobs object named in ``schema``.
+
+    A pooler (PgBouncer in transaction mode) hands each statement to whichever
+    server connection is free, and commonly drops the startup ``options`` that
+    would set ``search_path``: a statement that leans on the search path would
+    read or write another schema's tables, or ``public``'s. So a statement run
+    outside a transaction names its objects itself: every ``trio_jobs_*`` name
+    becomes ``"schema".trio_jobs_*`` (a string that is exactly such a name, as
+    ``to_regclass('trio_jobs_migrations')`` or ``nextval('trio_jobs_claim_seq')``
+    takes, likewise), and ``current_schema()`` becomes the schema's name.
+    Comments, other strings and quoted identifiers are left as they are.
+    (A transaction sets ``search_path`` with ``SET LOCAL`` instead, so an app's
+    own statements inside ``jobs.transaction()`` resolve as they always did.)
+    The answer is cached: statements are a fixed set of texts."""
+    prefix = quote_ident(schema) + "."
+
+    def one(match: re.Match[str]) -> str:
+        text = match.group(0)
+        head = text[0]
+        if head == "'":
+            inner = text[1:-1]
+            if _OBJECT_RE.fullmatch(inner):
+                return "'" + prefix.replace("'", "''") + inner + "'"
+            return text
+        if head in '-"':
+            return text
+        if head in "cC":
+            return "'" + schema.replace("'", "''") + "'::name"
+        return prefix + text
+
+    return _PIECE_RE.sub(one, sql)

@@ -55,7 +55,8 @@ class PgWake(PushWake):
             log_fields={"channel": channel},
             unverified_hint="a probe sent through the pool never came back on the LISTEN "
             "session (PgBouncer in transaction mode?); the worker keeps its 2 s poll "
-            "ceiling. Give workers a direct or session-pooled DATABASE_URL.",
+            "ceiling. Pass listen_dsn= (trio-jobs worker --listen-database-url) a direct or "
+            "session-pooled address for the LISTEN session.",
         )
 
     # ------------------------------------------------------------------ the session

@@ -13,7 +13,7 @@ BEGIN
         SELECT tablename FROM pg_tables
         WHERE schemaname = current_schema() AND tablename <> 'trio_jobs_migrations'
     LOOP
-        EXECUTE format('DELETE FROM %I', t);
+        EXECUTE format('DELETE FROM %I.%I', current_schema(), t);
     END LOOP;
 END $$;
 

@@ -186,13 +186,19 @@ AS $$
 $$;
 
 -- A stored log as readers see it: a done row's last entry, left open by the
--- ack (0011), closed with the row's settle time.
+-- ack (0011), closed with the row's settle time. Its body names no other
+-- trio-jobs object (0030): an inlined SQL function resolves names on the
+-- caller's search_path, which a pooled statement does not set.
 CREATE FUNCTION trio_jobs_attempt_read(log jsonb, state text, settled_at float8)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN state = 'done' THEN trio_jobs_attempt_end(log, settled_at, 'done', NULL, NULL)
-                ELSE log END
+    SELECT CASE WHEN state <> 'done' OR log IS NULL OR jsonb_array_length(log) = 0
+                     OR (log -> -1) ? 'ended_at'
+                THEN log
+                ELSE jsonb_set(log, '{-1}', (log -> -1) || jsonb_strip_nulls(jsonb_build_object(
+                    'ended_at', settled_at, 'outcome', 'done')))
+           END
 $$;
 
 CREATE TABLE trio_jobs_events (

@@ -1,0 +1,255 @@
+"""Many worker processes on one PostgreSQL: ``python -m benchmarks fleet``.
+
+    python -m benchmarks fleet [--jobs 10000] [--processes 1,2,4,8,16,32]
+                               [--concurrency 4] [--pgbouncer]
+
+For each process count N: a throwaway schema, ``--jobs`` no-op jobs enqueued
+on a paused queue, ``trio-jobs worker --processes N`` started on it, and the run
+timed from the queue's resume until the counters say every job is done. Beside
+jobs/s it reports:
+
+* the claim statement's p50/p99, timed in every worker process (the job module
+  ``benchmarks._fleet_jobs`` wraps ``PostgresDriver.claim`` in the children
+  when ``TJ_FLEET_CLAIMS`` names a folder, and each child writes its samples
+  there as it exits);
+* lock waits: ``pg_stat_activity`` sampled every 100 ms, the largest number of
+  backends of the database waiting on a lock (``wait_event_type = 'Lock'``) and
+  the share of samples with any;
+* server connections: the largest count of the database's backends seen;
+* the server's CPU share: CPU seconds of every PostgreSQL process on this
+  machine over the run, over the CPU seconds the whole machine spent (from
+  ``/proc``; the box is shared, so other work is in the denominator too).
+
+``--pgbouncer`` runs the workers' ``dsn`` through a PgBouncer in transaction
+mode started for the run (``tests/drivers/postgres/pgbouncer.py``), with
+``--listen-database-url`` direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+
+from trio_jobs import open_jobs
+from trio_jobs.drivers.postgres import postgres_driver
+from trio_jobs.drivers.postgres._driver import conninfo_with_schema
+
+from ._fleet_jobs import fleet_noop
+from .postgres import HERE, Server
+
+ENQUEUE_BATCH = 5_000
+
+
+def _cpu_ticks() -> tuple[float, float]:
+    """(CPU seconds of every postgres process, CPU seconds of the machine, busy)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pg = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name not in ("postgres", "postmaster"):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        pg += (int(fields[11]) + int(fields[12])) / tick
+    with open("/proc/stat", encoding="ascii") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(parts) - parts[3] - parts[4]  # minus idle and iowait
+    return pg, busy / tick
+
+
+class Sampler:
+    """``pg_stat_activity`` every 100 ms on a thread of its own."""
+
+    def __init__(self, dsn: str, dbname: str) -> None:
+        self.dsn = dsn
+        self.dbname = dbname
+        self.samples: list[tuple[int, int, int]] = []  # (backends, active, lock waits)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                row = conn.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE state = 'active'), "
+                    "count(*) FILTER (WHERE wait_event_type = 'Lock') "
+                    "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (self.dbname,),
+                ).fetchone()
+                assert row is not None
+                self.samples.append((int(row[0]), int(row[1]), int(row[2])))
+                self._stop.wait(0.1)
+
+
+async def _prepare(dsn: str, n: int) -> None:
+    async with open_jobs(postgres_driver(dsn, pool_size=2), jobs=[fleet_noop]) as jobs:
+        await jobs.pause_queue("default")
+        for start in range(0, n, ENQUEUE_BATCH):
+            await fleet_noop.enqueue_many(range(start, min(n, start + ENQUEUE_BATCH)))
+        await jobs.driver.db.fetch("ANALYZE trio_jobs_jobs")  # type: ignore[attr-defined]
+
+
+async def _resume(dsn: str) -> None:
+    async with open_jobs(postgres_driver(dsn, pool_size=1), jobs=[fleet_noop]) as jobs:
+        await jobs.resume_queue("default")
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def run_one(
+    server: Server, dbname: str, n: int, processes: int, concurrency: int, bouncer: Any
+) -> dict[str, Any]:
+    with server.schema(dbname, "fleet") as schema:
+        direct = conninfo_with_schema(server.dsn_for(dbname), schema)
+        trio.run(_prepare, direct, n)
+        worker_dsn = conninfo_with_schema(bouncer.dsn(), schema) if bouncer else direct
+        claims = Path(tempfile.mkdtemp(prefix="tj-fleet-claims-"))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+            TJ_FLEET_CLAIMS=str(claims),
+        )
+        env.pop("DATABASE_URL", None)
+        log = claims / "worker.log"
+        command = [
+            sys.executable,
+            "-m",
+            "trio_jobs.cli",
+            "worker",
+            "benchmarks._fleet_jobs:JOBS",
+            "--database-url",
+            worker_dsn,
+            "--processes",
+            str(processes),
+            "--concurrency",
+            str(concurrency),
+            "--no-purge",
+        ]
+        if bouncer:
+            command += ["--listen-database-url", direct]
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                command, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=err
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while log.read_text("utf-8", "replace").count("jobs.worker.ready") < processes:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"workers did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+            with Sampler(server.dsn_for(dbname), dbname) as sampler:
+                pg0, box0 = _cpu_ticks()
+                started = time.perf_counter()
+                trio.run(_resume, direct)
+                with psycopg.connect(direct, autocommit=True) as conn:
+                    while True:
+                        row = conn.execute("SELECT sum(done) FROM trio_jobs_counters").fetchone()
+                        if row and row[0] is not None and int(row[0]) >= n:
+                            break
+                        if time.perf_counter() - started > 900:
+                            raise RuntimeError("the run did not finish in 15 min")
+                        time.sleep(0.02)
+                finished = time.perf_counter()
+                pg1, box1 = _cpu_ticks()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        samples: list[float] = []
+        pools: list[int] = []
+        for path in claims.glob("claims-*.json"):
+            body = json.loads(path.read_text())
+            samples += body["claims"]
+            pools.append(int(body["pool"]))
+        shutil.rmtree(claims, ignore_errors=True)
+        rows = sampler.samples
+        return {
+            "processes": processes,
+            "jobs_per_s": n / (finished - started),
+            "claim_p50_ms": _pct(samples, 0.5) * 1e3,
+            "claim_p99_ms": _pct(samples, 0.99) * 1e3,
+            "claims": len(samples),
+            "pool_max": max(pools, default=0),
+            "lock_waits_max": max((r[2] for r in rows), default=0),
+            "lock_wait_samples": sum(1 for r in rows if r[2]) / max(1, len(rows)),
+            "connections_max": max((r[0] for r in rows), default=0),
+            "active_median": statistics.median([r[1] for r in rows]) if rows else 0,
+            "server_cpu_share": (pg1 - pg0) / max(1e-9, box1 - box0),
+            "server_cpu_us_per_job": (pg1 - pg0) / n * 1e6,
+        }
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks fleet")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--processes", default="1,2,4,8,16,32")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--pgbouncer", action="store_true")
+    opts = parser.parse_args(list(argv))
+    dsn = os.environ.get("DATABASE_URL")
+    if not dsn:
+        print("set DATABASE_URL to the server to measure", file=sys.stderr)
+        return 2
+    server = Server(dsn)
+    dbname = str(server.params.get("dbname") or "postgres")
+    bouncer = None
+    if opts.pgbouncer:
+        sys.path.insert(0, str(HERE.parent / "tests" / "drivers" / "postgres"))
+        from pgbouncer import Bouncer  # type: ignore[import-not-found]
+
+        bouncer = Bouncer(dsn, settings={"default_pool_size": "20", "max_client_conn": "2000"})
+        bouncer.start()
+    print(f"load before: {os.getloadavg()}; {opts.jobs} no-op jobs, concurrency {opts.concurrency}")
+    print(
+        "| processes | jobs/s | claim p50 ms | claim p99 ms | lock waits max (share) "
+        "| connections max | pool max/process | server CPU share | server CPU us/job |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    try:
+        for p in [int(x) for x in opts.processes.split(",")]:
+            r = run_one(server, dbname, opts.jobs, p, opts.concurrency, bouncer)
+            print(
+                f"| {p} | {r['jobs_per_s']:,.0f} | {r['claim_p50_ms']:.2f} | "
+                f"{r['claim_p99_ms']:.2f} | {r['lock_waits_max']} ({r['lock_wait_samples']:.0%}) "
+                f"| {r['connections_max']} | {r['pool_max']} | {r['server_cpu_share']:.0%} | "
+                f"{r['server_cpu_us_per_job']:,.0f} |",
+                flush=True,
+            )
+    finally:
+        if bouncer is not None:
+            bouncer.close()
+    print(f"load after: {os.getloadavg()}")
+    return 0
