@@ -20,7 +20,7 @@ from typing import Any
 from trio_jobs import JobContext, job
 
 
-@job(name="bench.fleet.noop", input=int, max_attempts=1)
+@job(name="bench.fleet.noop", input=int, idempotency_key=lambda i: f"fleet:{i}")
 async def fleet_noop(ctx: JobContext[int]) -> None:
     return None
 

@@ -18,7 +18,9 @@ jobs/s it reports:
 * server connections: the largest count of the database's backends seen;
 * the server's CPU share: CPU seconds of every PostgreSQL process on this
   machine over the run, over the CPU seconds the whole machine spent (from
-  ``/proc``; the box is shared, so other work is in the denominator too).
+  ``/proc``; the box is shared, so other work is in both);
+* WAL bytes per job: ``pg_current_wal_lsn()`` before and after, over the jobs
+  (server-wide: another database's writes on a shared server count too).
 
 ``--pgbouncer`` runs the workers' ``dsn`` through a PgBouncer in transaction
 mode started for the run (``tests/drivers/postgres/pgbouncer.py``), with
@@ -43,6 +45,7 @@ from typing import Any
 
 import psycopg
 import trio
+from psycopg.conninfo import make_conninfo
 
 from trio_jobs import open_jobs
 from trio_jobs.drivers.postgres import postgres_driver
@@ -54,10 +57,10 @@ from .postgres import HERE, Server
 ENQUEUE_BATCH = 5_000
 
 
-def _cpu_ticks() -> tuple[float, float]:
-    """(CPU seconds of every postgres process, CPU seconds of the machine, busy)."""
+def _cpu_ticks() -> tuple[dict[int, float], float]:
+    """(CPU seconds of each postgres process, CPU seconds the machine was busy)."""
     tick = os.sysconf("SC_CLK_TCK")
-    pg = 0.0
+    pg: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -69,19 +72,25 @@ def _cpu_ticks() -> tuple[float, float]:
         if name not in ("postgres", "postmaster"):
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        pg += (int(fields[11]) + int(fields[12])) / tick
+        pg[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
     with open("/proc/stat", encoding="ascii") as f:
         parts = [int(x) for x in f.readline().split()[1:]]
     busy = sum(parts) - parts[3] - parts[4]  # minus idle and iowait
     return pg, busy / tick
 
 
+def _pg_cpu(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds postgres spent between two :func:`_cpu_ticks` (a process that
+    exited in between is lost: the workers' backends live through the run)."""
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
 class Sampler:
     """``pg_stat_activity`` every 100 ms on a thread of its own."""
 
-    def __init__(self, dsn: str, dbname: str) -> None:
+    def __init__(self, dsn: str, app: str) -> None:
         self.dsn = dsn
-        self.dbname = dbname
+        self.app = app
         self.samples: list[tuple[int, int, int]] = []  # (backends, active, lock waits)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -100,8 +109,8 @@ class Sampler:
                 row = conn.execute(
                     "SELECT count(*), count(*) FILTER (WHERE state = 'active'), "
                     "count(*) FILTER (WHERE wait_event_type = 'Lock') "
-                    "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (self.dbname,),
+                    "FROM pg_stat_activity WHERE application_name = %s",
+                    (self.app,),
                 ).fetchone()
                 assert row is not None
                 self.samples.append((int(row[0]), int(row[1]), int(row[2])))
@@ -132,7 +141,14 @@ def run_one(
     with server.schema(dbname, "fleet") as schema:
         direct = conninfo_with_schema(server.dsn_for(dbname), schema)
         trio.run(_prepare, direct, n)
-        worker_dsn = conninfo_with_schema(bouncer.dsn(), schema) if bouncer else direct
+        # The workers' backends are told apart from the shared server's others
+        # by their application_name (through PgBouncer too: it passes it on).
+        app = f"tj-fleet-{schema}"[-60:]
+        worker_dsn = make_conninfo(
+            conninfo_with_schema(bouncer.dsn(), schema) if bouncer else direct,
+            application_name=app,
+        )
+        listen_dsn = make_conninfo(direct, application_name=app)
         claims = Path(tempfile.mkdtemp(prefix="tj-fleet-claims-"))
         env = dict(
             os.environ,
@@ -156,7 +172,7 @@ def run_one(
             "--no-purge",
         ]
         if bouncer:
-            command += ["--listen-database-url", direct]
+            command += ["--listen-database-url", listen_dsn]
         with open(log, "wb") as err:
             proc = subprocess.Popen(
                 command, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=err
@@ -167,11 +183,12 @@ def run_one(
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"workers did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.1)
-            with Sampler(server.dsn_for(dbname), dbname) as sampler:
+            with Sampler(server.dsn_for(dbname), app) as sampler:
                 pg0, box0 = _cpu_ticks()
                 started = time.perf_counter()
                 trio.run(_resume, direct)
                 with psycopg.connect(direct, autocommit=True) as conn:
+                    lsn0 = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
                     while True:
                         row = conn.execute("SELECT sum(done) FROM trio_jobs_counters").fetchone()
                         if row and row[0] is not None and int(row[0]) >= n:
@@ -179,7 +196,10 @@ def run_one(
                         if time.perf_counter() - started > 900:
                             raise RuntimeError("the run did not finish in 15 min")
                         time.sleep(0.02)
-                finished = time.perf_counter()
+                    finished = time.perf_counter()
+                    wal = conn.execute(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn0[0],)
+                    ).fetchone()
                 pg1, box1 = _cpu_ticks()
         finally:
             proc.terminate()
@@ -207,8 +227,9 @@ def run_one(
             "lock_wait_samples": sum(1 for r in rows if r[2]) / max(1, len(rows)),
             "connections_max": max((r[0] for r in rows), default=0),
             "active_median": statistics.median([r[1] for r in rows]) if rows else 0,
-            "server_cpu_share": (pg1 - pg0) / max(1e-9, box1 - box0),
-            "server_cpu_us_per_job": (pg1 - pg0) / n * 1e6,
+            "server_cpu_share": _pg_cpu(pg0, pg1) / max(1e-9, box1 - box0),
+            "server_cpu_us_per_job": _pg_cpu(pg0, pg1) / n * 1e6,
+            "wal_bytes_per_job": float(wal[0]) / n if wal else float("nan"),
         }
 
 
@@ -235,9 +256,10 @@ def main(argv: Sequence[str]) -> int:
     print(f"load before: {os.getloadavg()}; {opts.jobs} no-op jobs, concurrency {opts.concurrency}")
     print(
         "| processes | jobs/s | claim p50 ms | claim p99 ms | lock waits max (share) "
-        "| connections max | pool max/process | server CPU share | server CPU us/job |"
+        "| connections max | pool max/process | server CPU share | server CPU us/job "
+        "| WAL bytes/job |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     try:
         for p in [int(x) for x in opts.processes.split(",")]:
             r = run_one(server, dbname, opts.jobs, p, opts.concurrency, bouncer)
@@ -245,7 +267,7 @@ def main(argv: Sequence[str]) -> int:
                 f"| {p} | {r['jobs_per_s']:,.0f} | {r['claim_p50_ms']:.2f} | "
                 f"{r['claim_p99_ms']:.2f} | {r['lock_waits_max']} ({r['lock_wait_samples']:.0%}) "
                 f"| {r['connections_max']} | {r['pool_max']} | {r['server_cpu_share']:.0%} | "
-                f"{r['server_cpu_us_per_job']:,.0f} |",
+                f"{r['server_cpu_us_per_job']:,.0f} | {r['wal_bytes_per_job']:,.0f} |",
                 flush=True,
             )
     finally:

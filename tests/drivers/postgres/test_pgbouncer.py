@@ -112,26 +112,49 @@ async def test_a_search_path_of_two_schemas_is_refused(pg_dsn: str) -> None:
     assert "schema=" in str(caught.value)
 
 
-async def test_no_statement_is_prepared_on_the_server(
-    pg_dsn: str, pg_schema: str, caplog: Any
+async def prepared_count(driver: Any) -> int:
+    """Run one statement eight times on one pooled connection: how many
+    statements that session holds prepared on the server."""
+    await driver.open()
+    try:
+        async with driver.db.pool.connection() as conn:
+            for _ in range(8):
+                await conn.execute("SELECT 1 WHERE %s::int = 1", (1,))
+            cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            return int((await cur.fetchall())[0][0])
+    finally:
+        await driver.close()
+
+
+async def test_statements_are_prepared_only_on_a_direct_connection_or_when_told(
+    pg_dsn: str, pg_schema: str, pgbouncer: Bouncer
 ) -> None:
     """psycopg prepares a statement after its fifth run; behind a pooler the
-    sixth lands on another server connection. Off unless asked for."""
-    plain = postgres_driver(pg_dsn, schema=pg_schema)
-    prepared = postgres_driver(pg_dsn, schema=pg_schema, prepared_statements=True)
-    counts = []
-    for driver in (plain, prepared):
-        await driver.open()
-        try:
-            async with driver.db.pool.connection() as conn:
-                for _ in range(8):
-                    await conn.execute("SELECT 1 WHERE %s::int = 1", (1,))
-                cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
-                counts.append((await cur.fetchall())[0][0])
-        finally:
-            await driver.close()
-    assert counts[0] == 0
-    assert counts[1] >= 1
+    sixth lands on another server connection. By default the driver prepares
+    only where the connection proves to reach the server itself."""
+    direct = postgres_driver(pg_dsn, schema=pg_schema)
+    assert await prepared_count(direct) >= 1
+    assert direct.prepared_statements
+    pooled = postgres_driver(pgbouncer.dsn(), schema=pg_schema)
+    await pooled.open()
+    try:
+        assert not pooled.prepared_statements
+        async with pooled.db.pool.connection() as conn:
+            assert conn.prepare_threshold is None
+    finally:
+        await pooled.close()
+    assert (
+        await prepared_count(postgres_driver(pg_dsn, schema=pg_schema, prepared_statements=False))
+        == 0
+    )
+    told = postgres_driver(pgbouncer.dsn(), schema=pg_schema, prepared_statements=True)
+    await told.open()
+    try:
+        assert told.prepared_statements
+        async with told.db.pool.connection() as conn:
+            assert conn.prepare_threshold is not None
+    finally:
+        await told.close()
 
 
 # ------------------------------------------------------------------ the wake

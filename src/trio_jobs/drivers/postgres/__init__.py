@@ -47,7 +47,7 @@ def postgres_driver(
     clock: Clock | None = None,
     pool_size: int = 10,
     listen_dsn: str | None = None,
-    prepared_statements: bool = False,
+    prepared_statements: bool | None = None,
 ) -> PostgresDriver:
     """The PostgreSQL driver (the default queue). Constructing it does no I/O;
     ``open()`` connects.
@@ -69,9 +69,11 @@ def postgres_driver(
     found by the wake's probe, warned about once, and the worker polls. Every
     pooled statement leaves nothing on its server connection: ``schema`` is
     named in the statements themselves (never a startup ``options``, which
-    poolers drop), and no statement is prepared on the server unless
-    ``prepared_statements=True`` says the pooler keeps them (PgBouncer 1.21+
-    with ``max_prepared_statements``, or a direct connection).
+    poolers drop), and no statement is prepared on the server unless the
+    connection proves direct at open (the address and port the client reached
+    are the server's own: a pooler, a proxy or a port mapping in between turns
+    preparation off) or ``prepared_statements=True`` says the pooler keeps them
+    (PgBouncer 1.21+ with ``max_prepared_statements``); ``False`` never prepares.
     """
     from ._driver import PostgresDriver
 

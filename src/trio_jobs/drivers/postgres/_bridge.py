@@ -103,6 +103,10 @@ _POLL_READING = pq.PollingStatus.READING
 _POLL_WRITING = pq.PollingStatus.WRITING
 _POLL_FAILED = pq.PollingStatus.FAILED
 
+#: After how many runs psycopg prepares a statement on the server (its default),
+#: where preparing is allowed.
+PREPARE_THRESHOLD = 5
+
 #: How long calls must succeed with none failing before an outage is over.
 RECOVERED_AFTER = 1.0
 
@@ -366,8 +370,7 @@ async def connect(conninfo: str, *, timeout: float = 10.0, prepare: bool = False
             last = exc
             continue
         conn = TrioConnection(pgconn)
-        if not prepare:
-            conn.prepare_threshold = None
+        conn.prepare_threshold = PREPARE_THRESHOLD if prepare else None
         await conn.set_autocommit(True)
         set_json_loads(_json_loads, conn)
         return conn
@@ -422,6 +425,12 @@ class Pool:
     @property
     def size(self) -> int:
         return len(self._all)
+
+    def set_prepare(self, prepare: bool) -> None:
+        """Whether connections prepare statements, the open ones included."""
+        self.prepare = prepare
+        for conn in self._all:
+            conn.prepare_threshold = PREPARE_THRESHOLD if prepare else None
 
     async def _new(self) -> TrioConnection:
         conn = await connect(self.conninfo, timeout=self.connect_timeout, prepare=self.prepare)
@@ -577,6 +586,33 @@ class Database:
             )
             self.down_since = None
             self._failed_calls = 0
+
+    async def is_direct(self) -> bool:
+        """Whether the pool's connections reach the server itself: the address
+        and port the client connected to are the ones the server's end of the
+        connection has (TCP), or the client's socket is in one of the server's
+        socket directories with its port (a Unix socket). A pooler (PgBouncer),
+        a proxy or a port mapping in between answers no: something there may
+        hand the next statement to another server connection, so nothing may be
+        prepared on the server (a prepared name would be missing there, or name
+        another client's statement)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT host(inet_server_addr()), inet_server_port(), current_setting('port'), "
+                "current_setting('unix_socket_directories')"
+            )
+            addr, port, setting_port, socket_dirs = (await cur.fetchall())[0]
+            info = conn.info
+            host, hostaddr, client_port = info.host, info.hostaddr, str(info.port)
+        if addr is None:  # the server's end is a Unix socket
+            dirs = [d.strip() for d in str(socket_dirs or "").split(",")]
+            return host.startswith("/") and client_port == str(setting_port) and host in dirs
+        return client_port == str(port) and bool(hostaddr) and hostaddr == addr
+
+    def prepare_from_now(self, prepare: bool) -> None:
+        """Prepare statements on the server (after psycopg's fifth run) or not, on
+        every connection of the pool from now on."""
+        self.pool.set_prepare(prepare)
 
     async def fetch(self, sql: str, params: Params = None) -> list[Row]:
         """Run one statement; its rows (none for a statement that returns none)."""
