@@ -30,6 +30,7 @@ mode started for the run (``tests/drivers/postgres/pgbouncer.py``), with
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -92,6 +93,8 @@ class Sampler:
         self.dsn = dsn
         self.app = app
         self.samples: list[tuple[int, int, int]] = []  # (backends, active, lock waits)
+        #: What the lock waiters waited on and ran: "wait_event: statement start".
+        self.waits: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -114,6 +117,14 @@ class Sampler:
                 ).fetchone()
                 assert row is not None
                 self.samples.append((int(row[0]), int(row[1]), int(row[2])))
+                if row[2]:
+                    for event, text in conn.execute(
+                        "SELECT wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) "
+                        "FROM pg_stat_activity WHERE application_name = %s "
+                        "AND wait_event_type = 'Lock'",
+                        (self.app,),
+                    ):
+                        self.waits[f"{event}: {text}"] += 1
                 self._stop.wait(0.1)
 
 
@@ -229,6 +240,7 @@ def run_one(
             "active_median": statistics.median([r[1] for r in rows]) if rows else 0,
             "server_cpu_share": _pg_cpu(pg0, pg1) / max(1e-9, box1 - box0),
             "server_cpu_us_per_job": _pg_cpu(pg0, pg1) / n * 1e6,
+            "waits": sampler.waits.most_common(3),
             "wal_bytes_per_job": float(wal[0]) / n if wal else float("nan"),
         }
 
@@ -260,6 +272,7 @@ def main(argv: Sequence[str]) -> int:
         "| WAL bytes/job |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
+    waits: list[tuple[int, list[tuple[str, int]]]] = []
     try:
         for p in [int(x) for x in opts.processes.split(",")]:
             r = run_one(server, dbname, opts.jobs, p, opts.concurrency, bouncer)
@@ -270,8 +283,13 @@ def main(argv: Sequence[str]) -> int:
                 f"{r['server_cpu_us_per_job']:,.0f} | {r['wal_bytes_per_job']:,.0f} |",
                 flush=True,
             )
+            waits.append((p, r["waits"]))
     finally:
         if bouncer is not None:
             bouncer.close()
     print(f"load after: {os.getloadavg()}")
+    print("What the lock waiters waited on (samples):")
+    for p, top in waits:
+        for what, count in top:
+            print(f"  {p} processes: {count} x {what}")
     return 0

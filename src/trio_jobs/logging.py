@@ -188,6 +188,17 @@ EVENTS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "the 2 s poll ceiling stays",
     ),
     "jobs.wake.reconnect": ("warning", ("retry_in",), "the LISTEN session could not connect"),
+    "jobs.driver.unavailable": (
+        "warning",
+        ("code", "sqlstate", "hint"),
+        "PostgreSQL (or the pooler in front of it) stopped taking statements: logged once "
+        "an outage, however many statements fail",
+    ),
+    "jobs.driver.recovered": (
+        "info",
+        ("down_for", "failed_calls"),
+        "statements succeed again, none failing for a second: the outage is over",
+    ),
     "jobs.wake.lost": ("warning", (), "the LISTEN session dropped; the poll covers the gap"),
     "jobs.outbox.publish-failed": (
         "error",
@@ -390,6 +401,13 @@ SUMMARIES: dict[str, str] = {
     "jobs.wake.live": "the wake on {channel} is proven: idle workers poll every 5 s at most",
     "jobs.wake.unverified": "a wake probe on {channel} never came back; the 2 s poll ceiling stays",
     "jobs.wake.reconnect": "the wake session could not connect; retrying in {retry_in}s",
+    "jobs.driver.unavailable": (
+        "PostgreSQL stopped taking statements ({code}, SQLSTATE {sqlstate}); "
+        "logged once an outage: {hint}"
+    ),
+    "jobs.driver.recovered": (
+        "PostgreSQL takes statements again after {down_for}s; {failed_calls} calls failed meanwhile"
+    ),
     "jobs.wake.lost": "the wake session dropped; polling covers the gap",
     "jobs.outbox.publish-failed": "the outbox relay could not publish its staged row {row_id}",
     "jobs.outbox.relay-failed": "an outbox relay pass failed; it backs off",
