@@ -88,6 +88,8 @@ def _values(row: Any, columns: tuple[str, ...], name: str) -> Any:
 
 _AS_IS = frozenset({int, float, type(None)})  # the csv module writes these as _cell would
 _TEXT = frozenset({str, type(None)})
+_FLAGS = frozenset({bool, type(None)})
+_FLAG_CELL = {True: "true", False: "false", None: ""}
 _FORMULA = operator.methodcaller("startswith", FORMULA_STARTS)
 
 
@@ -103,6 +105,9 @@ def _cells(rows: list[Any], columns: tuple[str, ...], name: str) -> Any:
     for j, col in enumerate(cols):
         kinds = set(map(type, col))
         if kinds <= _AS_IS or (kinds <= _TEXT and not any(map(_FORMULA, filter(None, col)))):
+            continue
+        if kinds <= _FLAGS:
+            cols[j] = tuple(map(_FLAG_CELL.__getitem__, col))
             continue
         cols[j] = tuple(map(_cell, col))
     return zip(*cols, strict=True)
