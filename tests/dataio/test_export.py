@@ -197,7 +197,7 @@ _VALUES = st.one_of(
     st.integers(),
     st.floats(allow_nan=False),
     st.text(max_size=6),
-    st.sampled_from(["=1+1", "+x", "-3", "@a", "", "a,b", 'q"q']),
+    st.sampled_from(["=1+1", "+x", "-3", "@a", "", "a,b", 'q"q', "a\nb", "c\rd", " s "]),
     st.dates(),
     st.datetimes(),
     st.times(),
