@@ -10,8 +10,6 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
-import operator
-import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +89,6 @@ _AS_IS = frozenset({int, float, type(None)})  # the csv module writes these as _
 _TEXT = frozenset({str, type(None)})
 _FLAGS = frozenset({bool, type(None)})
 _FLAG_CELL = {True: "true", False: "false", None: ""}
-_FORMULA = operator.methodcaller("startswith", FORMULA_STARTS)
 
 
 def _columns(rows: list[Any], columns: tuple[str, ...], name: str) -> list[tuple[Any, ...]]:
@@ -103,7 +100,7 @@ def _columns(rows: list[Any], columns: tuple[str, ...], name: str) -> list[tuple
     cols = list(zip(*values, strict=True))
     for j, col in enumerate(cols):
         kinds = set(map(type, col))
-        if kinds <= _AS_IS or (kinds <= _TEXT and not any(map(_FORMULA, filter(None, col)))):
+        if kinds <= _AS_IS or (kinds <= _TEXT and not _formula_in(col)):
             continue
         if kinds <= _FLAGS:
             cols[j] = tuple(map(_FLAG_CELL.__getitem__, col))
@@ -112,8 +109,16 @@ def _columns(rows: list[Any], columns: tuple[str, ...], name: str) -> list[tuple
     return cols
 
 
-#: A character the csv module would quote a cell for (QUOTE_MINIMAL, "\n" line ends).
-_QUOTED = re.compile('[,"\r\n]')
+#: The characters the csv module would quote a cell for (QUOTE_MINIMAL, "\n" line ends).
+_QUOTED = (",", '"', "\r", "\n")
+
+
+def _formula_in(col: tuple[Any, ...]) -> bool:
+    """Whether a text cell of ``col`` may start with a formula character (a
+    cell holding ``\x1f`` and one may answer ``True``: the cells then go
+    through ``_cell`` one by one, which is right either way)."""
+    joined = "\x1f" + "\x1f".join(filter(None, col))
+    return any("\x1f" + c in joined for c in FORMULA_STARTS)
 
 
 def _plain(cols: list[tuple[Any, ...]]) -> list[Any] | None:
@@ -129,11 +134,13 @@ def _plain(cols: list[tuple[Any, ...]]) -> list[Any] | None:
             cells = list(map(str, col))  # numbers: never a character to quote
         else:
             cells = ["" if c is None else str(c) for c in col]
+        if not kinds <= _AS_IS:
+            joined = "\x1f".join(cells)
+            if any(c in joined for c in _QUOTED):  # four scans in C
+                return None
         text.append(cells)
     if len(text) == 1 and "" in text[0]:
         return None  # a line of one empty cell is written '""'
-    if any(_QUOTED.search("\x1f".join(cells)) for cells in text):
-        return None
     return text
 
 
