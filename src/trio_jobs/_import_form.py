@@ -127,6 +127,22 @@ def _inner(tp: Any) -> Any:
     return args[0] if nullable(tp) and len(args) == 1 else tp
 
 
+def _arguments(schema: type, values: dict[str, str]) -> list[str]:
+    """The constructor's arguments: by position while the ``__init__``
+    parameters, in order, are all given (a positional call costs a third less
+    than the same by keyword), by keyword from the first one left out on."""
+    out: list[str] = []
+    positional = True
+    for f in attrs.fields(schema):
+        if not f.init:
+            continue
+        given = values.get(f.name)
+        positional = positional and given is not None and not f.kw_only
+        if given is not None:
+            out.append(given if positional else f"{f.alias}={given}")
+    return out
+
+
 def csv_maker(schema: type, header: Sequence[str]) -> Callable[[Sequence[str]], Any]:
     """A function from one row's cells (in ``header`` order) to an instance of
     ``schema``; a refused cell raises :class:`FieldFault` naming its field."""
@@ -145,7 +161,7 @@ def csv_maker(schema: type, header: Sequence[str]) -> Callable[[Sequence[str]], 
         "_as_bool": as_bool,
     }
     lines = ["def make(r):"]
-    args: list[str] = []
+    values: dict[str, str] = {}
     where = {name: i for i, name in enumerate(header)}
     # Checked in the class's field order, as cattrs does: a row refused in two
     # cells names the same field either way.
@@ -174,10 +190,10 @@ def csv_maker(schema: type, header: Sequence[str]) -> Callable[[Sequence[str]], 
                 f"    a{i} = a",
             ]
             value = f"a{i}"
-        args.append(f"{fields[name].alias}={value}")
+        values[name] = value
     lines += [
         "    try:",
-        f"        return _cls({', '.join(args)})",
+        f"        return _cls({', '.join(_arguments(schema, values))})",
         "    except Exception:",
         "        raise _Fault(None) from None",
     ]

@@ -61,6 +61,14 @@ class Checked:
     tags: str = attrs.field(default="", converter=str.upper)
 
 
+@attrs.frozen
+class Keywords:
+    a: int
+    b: str = "b"
+    c: float = attrs.field(default=0.0, kw_only=True)
+    d: bool | None = None
+
+
 CELLS = st.one_of(
     st.sampled_from(
         [
@@ -110,7 +118,7 @@ def _answer(make: Any, cells: list[str]) -> tuple[str, Any]:
 
 @pytest.mark.parametrize(
     "schema",
-    [Plain, Mixed, Checked],
+    [Plain, Mixed, Checked, Keywords],
     ids=lambda s: s.__name__,
 )
 @settings(max_examples=400, deadline=None)
