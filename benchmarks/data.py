@@ -118,7 +118,7 @@ def phase_copy_in(path: pathlib.Path) -> dict[str, Any]:
     return meter.stop()
 
 
-def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
+def phase_import(path: pathlib.Path, batch: int, page_bytes: int) -> dict[str, Any]:
     import attrs
     import trio
     from obstore.store import LocalStore
@@ -162,6 +162,7 @@ def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
         schema=Person,
         handle=handle,
         batch=batch,
+        page_bytes=page_bytes,
         max_row_errors=0,
     )
     result: dict[str, Any] = {}
@@ -255,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch", type=int, default=5000, help="rows per handle call")
     parser.add_argument("--page", type=int, default=20_000, help="rows per export page")
+    parser.add_argument(
+        "--page-bytes", type=int, default=1 << 20, help="bytes per import page (the default)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (median)")
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         path = pathlib.Path(rest[0]) if rest else None
         found = {
             "copy-in": lambda: phase_copy_in(path),
-            "import": lambda: phase_import(path, opts.batch),
+            "import": lambda: phase_import(path, opts.batch, opts.page_bytes),
             "copy-out": lambda: phase_copy_out(opts.rows),
             "export": lambda: phase_export(opts.page),
         }[name]()
@@ -272,14 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     path = generate(opts.rows)
     size = path.stat().st_size / 1e6
     print(
-        f"file: {path.name}, {opts.rows:,} rows, {size:.0f} MB; import batch {opts.batch}, export page {opts.page}"
+        f"file: {path.name}, {opts.rows:,} rows, {size:.0f} MB; import batch {opts.batch}, page {opts.page_bytes} bytes; export page {opts.page}"
     )
     # Rounds alternate the peer and ours, so a load change hits both; the table
     # is each one's median round, the ratios each round's own.
     rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("cin", "imp", "cout", "exp")}
     for _ in range(opts.rounds):
         rounds["cin"].append(_child(["copy-in", str(path)]))
-        rounds["imp"].append(_child(["import", str(path), "--batch", str(opts.batch)]))
+        rounds["imp"].append(
+            _child(
+                [
+                    "import",
+                    str(path),
+                    "--batch",
+                    str(opts.batch),
+                    "--page-bytes",
+                    str(opts.page_bytes),
+                ]
+            )
+        )
         rounds["cout"].append(_child(["copy-out", "--rows", str(opts.rows)]))
         rounds["exp"].append(_child(["export", "--page", str(opts.page)]))
     print(
