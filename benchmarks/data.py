@@ -4,7 +4,7 @@ PostgreSQL's own COPY, side by side in one run.
 - import: a generated csv (``--rows``, 2,000,000 by default: about 200 MB, written
   once under ``benchmarks/.work/``, never committed) read by ``import_rows`` from
   an obstore ``LocalStore`` into a table; the handle writes each batch with
-  psycopg's ``COPY ... FROM STDIN`` (``write_row``) in a worker thread. Against:
+  psycopg's binary ``COPY ... FROM STDIN`` (``write_row``) in a worker thread. Against:
   ``COPY people FROM STDIN`` of the same file through psycopg.
 - export: the same rows paged by keyset (``where id > %s order by id limit``)
   into csv parts through ``export_rows``. Against: ``COPY (select ...) TO
@@ -29,6 +29,7 @@ from typing import Any
 
 WORK = pathlib.Path(__file__).resolve().parent / ".work"
 COLUMNS = ["id", "name", "email", "score", "active", "note"]
+TYPES = ["int8", "text", "text", "float8", "bool", "text"]
 CREATE = (
     "create table {t} (id bigint primary key, name text not null, email text not null, "
     "score double precision, active boolean not null, note text not null)"
@@ -38,6 +39,34 @@ CREATE = (
 def _rss_kb() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of a process on this machine."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Meter:
+    """Wall seconds, peak RSS growth, this process's CPU and the CPU of the
+    PostgreSQL backend serving ``conn``: the CPU figures do not move with the
+    machine's load, the wall figures do."""
+
+    def __init__(self, conn: Any) -> None:
+        self.backend = conn.info.backend_pid
+
+    def start(self) -> None:
+        self.rss, self.t0 = _rss_kb(), time.perf_counter()
+        self.cpu, self.server = time.process_time(), _cpu_of(self.backend)
+
+    def stop(self) -> dict[str, Any]:
+        return {
+            "seconds": time.perf_counter() - self.t0,
+            "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - self.rss) / 1024,
+            "client_cpu": time.process_time() - self.cpu,
+            "server_cpu": _cpu_of(self.backend) - self.server,
+        }
 
 
 def generate(rows: int) -> pathlib.Path:
@@ -77,7 +106,8 @@ def _fresh(conn: Any, table: str) -> None:
 def phase_copy_in(path: pathlib.Path) -> dict[str, Any]:
     conn = _connect()
     _fresh(conn, "bench_copy_in")
-    start_rss, t0 = _rss_kb(), time.perf_counter()
+    meter = _Meter(conn)
+    meter.start()
     with (
         conn.cursor() as cur,
         cur.copy("copy bench_copy_in from stdin (format csv, header true)") as cp,
@@ -85,14 +115,10 @@ def phase_copy_in(path: pathlib.Path) -> dict[str, Any]:
     ):
         while chunk := f.read(1 << 20):
             cp.write(chunk)
-    seconds = time.perf_counter() - t0
-    return {
-        "seconds": seconds,
-        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss) / 1024,
-    }
+    return meter.stop()
 
 
-def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
+def phase_import(path: pathlib.Path, batch: int, page_bytes: int) -> dict[str, Any]:
     import attrs
     import trio
     from obstore.store import LocalStore
@@ -110,13 +136,17 @@ def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
 
     conn = _connect()
     _fresh(conn, "bench_import")
+    meter = _Meter(conn)
     store = LocalStore(str(path.parent))
 
     def copy_batch(rows: list[Person]) -> None:
+        # Binary COPY with the column types set: psycopg's C dumpers, the cheapest
+        # way for an app to hand PostgreSQL structured rows.
         with (
             conn.cursor() as cur,
-            cur.copy(f"copy bench_import ({', '.join(COLUMNS)}) from stdin") as cp,
+            cur.copy(f"copy bench_import ({', '.join(COLUMNS)}) from stdin (format binary)") as cp,
         ):
+            cp.set_types(TYPES)
             for r in rows:
                 cp.write_row((r.id, r.name, r.email, r.score, r.active, r.note))
 
@@ -132,6 +162,7 @@ def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
         schema=Person,
         handle=handle,
         batch=batch,
+        page_bytes=page_bytes,
         max_row_errors=0,
     )
     result: dict[str, Any] = {}
@@ -139,12 +170,9 @@ def phase_import(path: pathlib.Path, batch: int) -> dict[str, Any]:
     async def main() -> None:
         async with open_jobs(driver=memory_driver(), jobs=[job]) as jobs:
             await job.enqueue(None)
-            start_rss, t0 = _rss_kb(), time.perf_counter()
+            meter.start()
             await Worker(jobs, concurrency=1).run_until_quiet()
-            result["seconds"] = time.perf_counter() - t0
-            result["rss_mb"] = (
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss
-            ) / 1024
+            result.update(meter.stop())
 
     trio.run(main)
     result["rows"] = conn.execute("select count(*) from bench_import").fetchone()[0]
@@ -157,7 +185,8 @@ QUERY = "select id, name, email, score, active, note from bench_copy_in"
 def phase_copy_out(rows: int) -> dict[str, Any]:
     conn = _connect()
     out = WORK / "copy-out.csv"
-    start_rss, t0 = _rss_kb(), time.perf_counter()
+    meter = _Meter(conn)
+    meter.start()
     with (
         conn.cursor() as cur,
         cur.copy(f"copy ({QUERY} order by id) to stdout (format csv, header true)") as cp,
@@ -165,11 +194,7 @@ def phase_copy_out(rows: int) -> dict[str, Any]:
     ):
         for data in cp:
             f.write(data)
-    seconds = time.perf_counter() - t0
-    return {
-        "seconds": seconds,
-        "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss) / 1024,
-    }
+    return meter.stop()
 
 
 def phase_export(page: int) -> dict[str, Any]:
@@ -179,6 +204,7 @@ def phase_export(page: int) -> dict[str, Any]:
     from trio_jobs import Worker, export_rows, memory_driver, open_jobs
 
     conn = _connect()
+    meter = _Meter(conn)
     target = WORK / "export"
     target.mkdir(exist_ok=True)
     store = LocalStore(str(target))
@@ -205,12 +231,9 @@ def phase_export(page: int) -> dict[str, Any]:
     async def main() -> None:
         async with open_jobs(driver=memory_driver(), jobs=[job]) as jobs:
             await job.enqueue(None)
-            start_rss, t0 = _rss_kb(), time.perf_counter()
+            meter.start()
             await Worker(jobs, concurrency=1).run_until_quiet()
-            result["seconds"] = time.perf_counter() - t0
-            result["rss_mb"] = (
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss
-            ) / 1024
+            result.update(meter.stop())
 
     trio.run(main)
     return result
@@ -233,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch", type=int, default=5000, help="rows per handle call")
     parser.add_argument("--page", type=int, default=20_000, help="rows per export page")
+    parser.add_argument(
+        "--page-bytes", type=int, default=1 << 20, help="bytes per import page (the default)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (median)")
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.phase:
@@ -240,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         path = pathlib.Path(rest[0]) if rest else None
         found = {
             "copy-in": lambda: phase_copy_in(path),
-            "import": lambda: phase_import(path, opts.batch),
+            "import": lambda: phase_import(path, opts.batch, opts.page_bytes),
             "copy-out": lambda: phase_copy_out(opts.rows),
             "export": lambda: phase_export(opts.page),
         }[name]()
@@ -249,27 +276,56 @@ def main(argv: list[str] | None = None) -> int:
     path = generate(opts.rows)
     size = path.stat().st_size / 1e6
     print(
-        f"file: {path.name}, {opts.rows:,} rows, {size:.0f} MB; import batch {opts.batch}, export page {opts.page}"
+        f"file: {path.name}, {opts.rows:,} rows, {size:.0f} MB; import batch {opts.batch}, page {opts.page_bytes} bytes; export page {opts.page}"
     )
-    copy_in = _child(["copy-in", str(path)])
-    imported = _child(["import", str(path), "--batch", str(opts.batch)])
-    copy_out = _child(["copy-out", "--rows", str(opts.rows)])
-    exported = _child(["export", "--page", str(opts.page)])
-    print("| benchmark | seconds | MB/s | rows/s | peak RSS growth (MB) | ratio to COPY |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, r, base in (
-        ("COPY FROM STDIN (psycopg)", copy_in, copy_in),
-        ("import_rows (COPY per batch)", imported, copy_in),
-        ("COPY TO STDOUT (psycopg)", copy_out, copy_out),
-        ("export_rows (csv parts)", exported, copy_out),
+    # Rounds alternate the peer and ours, so a load change hits both; the table
+    # is each one's median round, the ratios each round's own.
+    rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("cin", "imp", "cout", "exp")}
+    for _ in range(opts.rounds):
+        rounds["cin"].append(_child(["copy-in", str(path)]))
+        rounds["imp"].append(
+            _child(
+                [
+                    "import",
+                    str(path),
+                    "--batch",
+                    str(opts.batch),
+                    "--page-bytes",
+                    str(opts.page_bytes),
+                ]
+            )
+        )
+        rounds["cout"].append(_child(["copy-out", "--rows", str(opts.rows)]))
+        rounds["exp"].append(_child(["export", "--page", str(opts.page)]))
+    print(
+        "| benchmark | seconds | MB/s | rows/s | peak RSS growth (MB) | ratio to COPY "
+        "| CPU µs a row (client + server) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+
+    def median(kind: str) -> dict[str, Any]:
+        return sorted(rounds[kind], key=lambda r: r["seconds"])[(opts.rounds - 1) // 2]
+
+    for label, kind, base in (
+        ("COPY FROM STDIN (psycopg)", "cin", "cin"),
+        ("import_rows (binary COPY per batch)", "imp", "cin"),
+        ("COPY TO STDOUT (psycopg)", "cout", "cout"),
+        ("export_rows (csv parts)", "exp", "cout"),
     ):
+        r = median(kind)
+        ratios = ", ".join(
+            f"{b['seconds'] / x['seconds']:.2f}x"
+            for b, x in zip(rounds[base], rounds[kind], strict=True)
+        )
         print(
             f"| {label} | {r['seconds']:.2f} | {size / r['seconds']:.0f} | "
-            f"{opts.rows / r['seconds']:,.0f} | {r['rss_mb']:.1f} | {base['seconds'] / r['seconds']:.2f}x |"
+            f"{opts.rows / r['seconds']:,.0f} | {r['rss_mb']:.1f} | {ratios} | "
+            f"{r['client_cpu'] / opts.rows * 1e6:.1f} + {r['server_cpu'] / opts.rows * 1e6:.1f} |"
         )
-    if "rows" in imported and imported["rows"] != opts.rows:
-        print(f"import wrote {imported['rows']} rows, expected {opts.rows}", file=sys.stderr)
-        return 1
+    for r in rounds["imp"]:
+        if r["rows"] != opts.rows:
+            print(f"import wrote {r['rows']} rows, expected {opts.rows}", file=sys.stderr)
+            return 1
     return 0
 
 

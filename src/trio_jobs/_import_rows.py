@@ -19,20 +19,18 @@ never mixed).
 from __future__ import annotations
 
 import csv
-import math
-import types
-import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import cattrs
 import orjson
+import trio
 
 from ._backfill import MAX_NAME
 from ._context import _call
 from ._declare import Concurrency, Job, Retry, check_factory_name, check_function, job
 from ._enqueue import _MISSING
+from ._import_form import FieldFault, csv_maker, fault_field
 from ._serialization import converter
 from ._store import ObjectMeta, get_range, head, put
 from ._time import Duration
@@ -49,8 +47,6 @@ __all__ = ["ErrorSink", "import_rows"]
 PAGE_STEP_PREFIX = "page:"
 _BOM = b"\xef\xbb\xbf"
 _FORMATS = ("csv", "ndjson")
-_TRUE = frozenset({"true", "t", "yes", "y", "on", "1"})
-_FALSE = frozenset({"false", "f", "no", "n", "off", "0"})
 
 
 def _prefix_ok(value: object) -> bool:
@@ -81,70 +77,6 @@ async def _resolve_prefix(prefix: str | Callable[[Any], Any], value: Any, what: 
             f"{what} must answer a string key prefix; it answered a {type(answer).__name__}",
         )
     return answer.rstrip("/")
-
-
-def _form_converter() -> cattrs.Converter:
-    """The library's converter, taking csv text as an HTML form's is taken:
-    ``"12"`` is an int, ``"2.5"`` a float, ``"true"``/``"on"``/``"1"`` a bool
-    (and their opposites), an empty cell ``None`` where the field allows it."""
-    form = converter.copy()
-
-    def as_int(value: Any, _t: Any) -> int:
-        if type(value) is int:
-            return value
-        if not isinstance(value, str) or "_" in value:
-            raise ValueError("not a whole number")
-        return int(value)
-
-    def as_float(value: Any, _t: Any) -> float:
-        if type(value) in (int, float):
-            return float(value)
-        if not isinstance(value, str) or "_" in value:
-            raise ValueError("not a number")
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError("not a finite number")
-        return number
-
-    def as_bool(value: Any, _t: Any) -> bool:
-        if type(value) is bool:
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ValueError("not a yes/no value")
-
-    form.register_structure_hook(int, as_int)
-    form.register_structure_hook(float, as_float)
-    form.register_structure_hook(bool, as_bool)
-    return form
-
-
-_FORM = _form_converter()
-
-
-def _nullable(tp: Any) -> bool:
-    if tp is None or tp is type(None) or tp is Any:
-        return True
-    origin = typing.get_origin(tp)
-    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def _fault_field(exc: BaseException) -> str | None:
-    """The attribute a cattrs error names (its first), or ``None``."""
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        return sorted(exc.extra_fields)[0] if exc.extra_fields else None
-    for sub in getattr(exc, "exceptions", ()):
-        for note in getattr(sub, "__notes__", ()):
-            name = getattr(note, "name", None)
-            if isinstance(name, str):
-                return name
-        found = _fault_field(sub)
-        if found is not None:
-            return found
-    return None
 
 
 @attrs.frozen
@@ -405,21 +337,23 @@ def _ndjson_record_end(data: bytes) -> int:
     return end + 1 if end >= 0 else -1
 
 
-def _records(region: bytes, fmt: str) -> tuple[list[bytes], list[int] | None, bool]:
-    """The records of ``region`` (each without its newline), the index of the
-    physical line each starts on (``None``: record ``i`` is line ``i``), and
-    whether the last record is an unclosed quote (csv at the end of the file)."""
-    lines = region.split(b"\n")
-    if region.endswith(b"\n"):
+def _records(region: Any, fmt: str) -> tuple[list[Any], list[int] | None, bool]:
+    """The records of ``region`` (``bytes``, or the ``str`` it decodes to; each
+    record without its newline), the index of the physical line each starts on
+    (``None``: record ``i`` is line ``i``), and whether the last record is an
+    unclosed quote (csv at the end of the file)."""
+    nl, quote = ("\n", '"') if isinstance(region, str) else (b"\n", b'"')
+    lines = region.split(nl)
+    if region.endswith(nl):
         lines.pop()
-    if fmt != "csv" or b'"' not in region:
+    if fmt != "csv" or quote not in region:
         return lines, None, False
-    records: list[bytes] = []
+    records: list[Any] = []
     starts: list[int] = []
     open_at = -1
-    pending: list[bytes] = []
+    pending: list[Any] = []
     for i, line in enumerate(lines):
-        odd = line.count(b'"') % 2 == 1
+        odd = line.count(quote) % 2 == 1
         if open_at < 0:
             if odd:
                 open_at, pending = i, [line]
@@ -429,20 +363,28 @@ def _records(region: bytes, fmt: str) -> tuple[list[bytes], list[int] | None, bo
         else:
             pending.append(line)
             if odd:
-                records.append(b"\n".join(pending))
+                records.append(nl.join(pending))
                 starts.append(open_at)
                 open_at = -1
     if open_at >= 0:
-        records.append(b"\n".join(pending))
+        records.append(nl.join(pending))
         starts.append(open_at)
         return records, starts, True
     return records, starts, False
 
 
-def _split_csv(text: str) -> list[str]:
+def _csv_fields(text: str) -> list[str]:
     if '"' not in text:
         return text.split(",")
     return next(csv.reader([text], strict=True))
+
+
+def _split_quoted(text: str) -> list[str] | tuple[()]:
+    """A quoted record's cells; ``()`` for one that is not csv (a stray quote)."""
+    try:
+        return next(csv.reader([text], strict=True))
+    except csv.Error:
+        return ()
 
 
 # ---------------------------------------------------------------------------
@@ -451,7 +393,13 @@ def _split_csv(text: str) -> list[str]:
 
 class _Page:
     """One page's parse: structured rows handed on ``batch`` at a time, refused
-    rows collected for the report."""
+    rows collected for the report.
+
+    A batch's ``handle`` runs in its own task while the page parses the next
+    batch (a handle waiting on its database overlaps the parse instead of
+    adding to it); the next batch is handed only after it returned, so calls
+    never overlap and keep the file's order. A handle's exception fails the
+    page at the next hand-over or at the page's end."""
 
     def __init__(
         self,
@@ -459,17 +407,29 @@ class _Page:
         ctx: JobContext[Any],
         refused_before: int,
         report: tuple[str | None, int, Any],
+        makers: dict[tuple[str, ...], Callable[[Sequence[str]], Any]],
+        nursery: trio.Nursery,
     ) -> None:
         self.spec = spec
+        self.nursery = nursery
+        self.handed: trio.Event | None = None
+        self.failure: Exception | None = None
         self.ctx = ctx
         self.report_prefix, self.page_number, self.sink_store = report
         self.refused: list[dict[str, Any]] = []
         self.refused_before = refused_before
         self.pending: list[Any] = []
         self.rows = 0
-        self.hook = (_FORM if spec.format == "csv" else converter).get_structure_hook(spec.schema)
-        fields = attrs.fields_dict(spec.schema)
-        self.nullable = frozenset(c for c in spec.columns if _nullable(fields[c].type))
+        # ndjson values are JSON's own types: the library's converter, strict.
+        self.hook = converter.get_structure_hook(spec.schema)
+        self.makers = makers
+
+    def maker(self, header: list[str]) -> Callable[[Sequence[str]], Any]:
+        """The row function of a csv header (built once an import and header)."""
+        found = self.makers.get(tuple(header))
+        if found is None:
+            found = self.makers[tuple(header)] = csv_maker(self.spec.schema, header)
+        return found
 
     async def refuse(self, line: int, field: str | None, code: ErrorCode) -> None:
         self.refused.append({"line": line, "field": field, "code": str(code)})
@@ -496,17 +456,39 @@ class _Page:
         try:
             row = self.hook(values, self.spec.schema)
         except Exception as exc:  # cattrs, or the class's own validators
-            await self.refuse(line, _fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
+            await self.refuse(line, fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
             return
         self.pending.append(row)
         if len(self.pending) >= self.spec.batch:
             await self.flush()
 
     async def flush(self) -> None:
+        """Hand the pending rows to ``handle`` once the batch before returned."""
         if self.pending:
             rows, self.pending = self.pending, []
+            await self.settle()
+            self.handed = done = trio.Event()
+            self.nursery.start_soon(self._handle, rows, done)
+            # Let the handle start (up to its first wait) before the parse goes on.
+            await trio.lowlevel.checkpoint()
+
+    async def _handle(self, rows: list[Any], done: trio.Event) -> None:
+        try:
             await _call(self.spec.handle, rows, self.ctx.input)
             self.rows += len(rows)
+        except Exception as exc:  # the page raises it, in its own task
+            self.failure = exc
+        finally:
+            done.set()
+
+    async def settle(self) -> None:
+        """Wait for the batch in ``handle``; raise what it raised."""
+        if self.handed is not None:
+            await self.handed.wait()
+            self.handed = None
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
 
 
 def _too_large(spec: _Spec, offset: int, line: int) -> JobsError:
@@ -521,6 +503,7 @@ def _too_large(spec: _Spec, offset: int, line: int) -> JobsError:
 
 def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
     record_end = _csv_record_end if spec.format == "csv" else _ndjson_record_end
+    makers: dict[tuple[str, ...], Callable[[Sequence[str]], Any]] = {}
 
     async def run_import(ctx: JobContext[Any]) -> dict[str, Any]:
         store = await _call(spec.source, ctx.input)
@@ -571,23 +554,64 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                     raise _too_large(spec, offset, line)
             region = data[:end]
             skip = len(_BOM) if offset == 0 and region.startswith(_BOM) else 0
-            records, starts, unclosed = _records(region[skip:], spec.format)
+            body = region[skip:]
+            # A csv page decodes whole (one call, not one a record); a page with a
+            # byte that is not UTF-8 is read record by record, to refuse that one.
+            text = _decode(body) if spec.format == "csv" else None
+            records, starts, unclosed = _records(body if text is None else text, spec.format)
             if len(region) > spec.max_record_bytes:
+                # A character is at most 4 bytes: a shorter text record is short enough.
+                chars = spec.max_record_bytes // 4 if text is not None else spec.max_record_bytes
                 for i, record in enumerate(records):
-                    if len(record) > spec.max_record_bytes:
+                    if len(record) > chars and (
+                        text is None or len(record.encode()) > spec.max_record_bytes
+                    ):
                         at = starts[i] if starts is not None else i
-                        before = sum(len(x) + 1 for x in region[skip:].split(b"\n")[:at])
+                        before = sum(len(x) + 1 for x in body.split(b"\n")[:at])
                         raise _too_large(spec, offset + skip + before, line + at)
-            work = _Page(spec, ctx, prev["refused"], (report_prefix, number, sink_store))
             header = prev["header"]
-            if spec.format == "csv":
-                header = await _csv_page(
-                    spec, work, records, starts, unclosed and last, line, header
+            async with trio.open_nursery() as nursery:
+                work = _Page(
+                    spec,
+                    ctx,
+                    prev["refused"],
+                    (report_prefix, number, sink_store),
+                    makers,
+                    nursery,
                 )
-            else:
-                await _ndjson_page(spec, work, records, starts, line)
-            await work.flush()
-            await work.write_report()
+                try:
+                    if spec.format == "csv":
+                        if text is None:
+                            records = [_decode(r) for r in records]
+                            clean, crlf = False, True
+                        else:
+                            clean, crlf = "\x00" not in text, "\r" in text
+                        header = await _csv_page(
+                            spec,
+                            work,
+                            (records, starts, clean, crlf),
+                            unclosed and last,
+                            line,
+                            header,
+                        )
+                    else:
+                        await _ndjson_page(spec, work, records, starts, line)
+                    await work.flush()
+                    await work.settle()
+                    await work.write_report()
+                except Exception as exc:
+                    # A batch in handle finishes first (it was handed; a fault of its
+                    # own, from earlier in the file, is the one the page reports).
+                    fault: Exception | None = exc
+                else:
+                    fault = None
+                if fault is not None:
+                    try:
+                        await work.settle()
+                    except Exception as earlier:
+                        fault = earlier
+            if fault is not None:
+                raise fault
             if last and spec.format == "csv" and header is None:
                 raise _header_mismatch(spec, "the file has no header line")
             return {
@@ -650,79 +674,85 @@ def _decode(record: bytes) -> str | None:
 async def _csv_page(
     spec: _Spec,
     work: _Page,
-    records: list[bytes],
-    starts: list[int] | None,
+    parsed: tuple[list[str | None], list[int] | None, bool, bool],
     unclosed_at_end: bool,
     first_line: int,
     header: list[str] | None,
 ) -> list[str] | None:
+    """Read one page's records (``None``: one that is not UTF-8). ``clean``: no
+    record holds a NUL; ``crlf``: a record may end with a carriage return."""
+    records, starts, clean, crlf = parsed
     width = len(spec.columns)
-    nullable = work.nullable
-    hook, schema, size, pending = work.hook, spec.schema, spec.batch, work.pending
-    count = len(records)
-    for i, record in enumerate(records):
-        line = first_line + (starts[i] if starts is not None else i)
-        if record.endswith(b"\r"):
-            record = record[:-1]
-        if not record:
-            continue  # a blank line is nothing
-        text = _decode(record)
-        if header is None:
-            if text is None or "\x00" in text:
-                raise _header_mismatch(spec, "the header line is not UTF-8 text")
-            try:
-                names = [n.strip() for n in _split_csv(text)]
-            except csv.Error:
-                raise _header_mismatch(spec, "the header line is not valid csv") from None
-            missing = [c for c in spec.columns if c not in names]
-            extra = sorted({n for n in names if n not in spec.columns})
-            if missing or extra or len(names) != width:
-                raise _header_mismatch(
-                    spec,
-                    "the header names "
-                    + "; ".join(
-                        part
-                        for part in (
-                            f"no {', '.join(missing)}" if missing else "",
-                            f"undeclared {', '.join(n[:64] for n in extra[:10])}" if extra else "",
-                            "a column twice" if not missing and not extra else "",
-                        )
-                        if part
-                    ),
-                    missing=missing,
-                    undeclared=[n[:64] for n in extra[:10]],
+    make = None if header is None else work.maker(header)
+    size, pending = spec.batch, work.pending
+    last = len(records) - 1
+    for i, text in enumerate(records):
+        if crlf and text is not None and text.endswith("\r"):
+            text = text[:-1]
+        if not text:
+            if text is None:
+                if make is None:
+                    raise _header_mismatch(spec, "the header line is not UTF-8 text")
+                await work.refuse(
+                    _line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_ENCODING
                 )
-            header = names
+            continue  # a blank line is nothing
+        if make is None or header is None:
+            header = _read_header(spec, text)
+            make = work.maker(header)
             continue
-        if text is None:
-            await work.refuse(line, None, ErrorCode.X_IMPORT_ROW_ENCODING)
-            continue
-        if "\x00" in text or (unclosed_at_end and i == count - 1):
-            await work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
+        fields = text.split(",") if '"' not in text else _split_quoted(text)
+        if (
+            len(fields) != width
+            or (not clean and "\x00" in text)
+            or (unclosed_at_end and i == last)
+        ):
+            # A ragged line, a stray quote, a NUL, an unclosed quote at the file's end.
+            await work.refuse(_line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_MALFORMED)
             continue
         try:
-            fields = _split_csv(text)
-        except csv.Error:
-            await work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
-            continue
-        if len(fields) != width:
-            await work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
-            continue
-        values: dict[str, Any] = dict(zip(header, fields, strict=True))
-        for name in nullable:
-            if values[name] == "":
-                values[name] = None
-        # Inline of work.take (no coroutine per row on the hot path).
-        try:
-            row = hook(values, schema)
-        except Exception as exc:  # cattrs, or the class's own validators
-            await work.refuse(line, _fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
+            row = make(fields)
+        except FieldFault as fault:
+            line = _line(first_line, starts, i)
+            await work.refuse(line, fault.field, ErrorCode.X_IMPORT_ROW_INVALID)
             continue
         pending.append(row)
         if len(pending) >= size:
             await work.flush()
             pending = work.pending
     return header
+
+
+def _line(first_line: int, starts: list[int] | None, i: int) -> int:
+    return first_line + (starts[i] if starts is not None else i)
+
+
+def _read_header(spec: _Spec, text: str | None) -> list[str]:
+    if text is None or "\x00" in text:
+        raise _header_mismatch(spec, "the header line is not UTF-8 text")
+    try:
+        names = [n.strip() for n in _csv_fields(text)]
+    except csv.Error:
+        raise _header_mismatch(spec, "the header line is not valid csv") from None
+    missing = [c for c in spec.columns if c not in names]
+    extra = sorted({n for n in names if n not in spec.columns})
+    if missing or extra or len(names) != len(spec.columns):
+        raise _header_mismatch(
+            spec,
+            "the header names "
+            + "; ".join(
+                part
+                for part in (
+                    f"no {', '.join(missing)}" if missing else "",
+                    f"undeclared {', '.join(n[:64] for n in extra[:10])}" if extra else "",
+                    "a column twice" if not missing and not extra else "",
+                )
+                if part
+            ),
+            missing=missing,
+            undeclared=[n[:64] for n in extra[:10]],
+        )
+    return names
 
 
 async def _ndjson_page(

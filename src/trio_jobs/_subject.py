@@ -32,6 +32,7 @@ import orjson
 from ._context import _call
 from ._declare import Job, Retry, job
 from ._enqueue import _MISSING
+from ._export_rows import render
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
 if TYPE_CHECKING:
@@ -279,6 +280,8 @@ class Plan:
     names: Mapping[int, str]
     sql_names: Mapping[int, str]
     columns: Mapping[int, tuple[_Column, ...]]
+    #: The reached tables that are partitioned (relkind ``p``).
+    partitioned: frozenset[int] = frozenset()
 
 
 _FKS = """
@@ -355,6 +358,7 @@ async def plan_subject(
     oid_of: dict[str, int] = {}
     name_of: dict[int, str] = {}
     sql_of: dict[int, str] = {}  # the table as SQL names it (regclass text)
+    partitioned: set[int] = set()  # relkind 'p': a ctid names a row only with its tableoid
     for given, oid, text, kind in await execute(_RESOLVE, {"names": names}):
         if oid is None:
             fault(ErrorCode.X_SUBJECT_TREATMENT_INVALID, given, f"no table {given} (search_path)")
@@ -364,6 +368,8 @@ async def plan_subject(
             oid_of[given] = int(oid)
             name_of.setdefault(int(oid), given)
             sql_of[int(oid)] = text
+            if kind == "p":
+                partitioned.add(int(oid))
     root = oid_of.get(subject.table)
     if root is None:
         return None, faults
@@ -582,7 +588,7 @@ async def plan_subject(
             "clear",
             e.child,
             f"clear:{t}.{','.join(e.clearable)}",
-            _paged(f"UPDATE {q} SET {sets}", q, where),
+            _paged(f"UPDATE {q} SET {sets}", q, where, e.child in partitioned),
             {},
         )
     reach: dict[str, str] = {}
@@ -594,7 +600,13 @@ async def plan_subject(
         treatment = treatments[oid]
         tables_out.append((t, treatment))
         if treatment == "delete":
-            add("delete", oid, f"delete:{t}", _paged(f"DELETE FROM {q}", q, where), {})
+            add(
+                "delete",
+                oid,
+                f"delete:{t}",
+                _paged(f"DELETE FROM {q}", q, where, oid in partitioned),
+                {},
+            )
         elif isinstance(treatment, Anonymize):
             types = cols_of(oid)
             params: dict[str, Any] = {}
@@ -611,7 +623,12 @@ async def plan_subject(
                 "anonymize",
                 oid,
                 f"anonymize:{t}",
-                _paged(f"UPDATE {q} SET {', '.join(sets_l)}", q, f"{where} AND {pending}"),
+                _paged(
+                    f"UPDATE {q} SET {', '.join(sets_l)}",
+                    q,
+                    f"{where} AND {pending}",
+                    oid in partitioned,
+                ),
                 params,
             )
     plan = Plan(
@@ -624,16 +641,30 @@ async def plan_subject(
         edges=tuple(dag),
         names=dict(name_of),
         columns={o: tuple(c) for o, c in columns.items()},
+        partitioned=frozenset(partitioned),
     )
     return plan, []
 
 
-def _paged(head: str, table: str, where: str) -> str:
+def _paged(head: str, table: str, where: str, partitioned: bool = False) -> str:
     """One page of ``head`` (an UPDATE ... SET or a DELETE) over the rows ``where``
-    holds, answering how many it touched."""
+    holds, answering how many it touched.
+
+    A row is named by its ``ctid`` (a TID scan finds the page's rows again).
+    In a partitioned table a ``ctid`` is a partition's: the same one names a
+    row in each partition, so the page is named by ``(tableoid, ctid)`` pairs
+    (the ``ctid`` list still lets each partition's scan find them by TID)."""
+    if not partitioned:
+        return (
+            f"WITH hit AS ({head} WHERE ctid = ANY(ARRAY(SELECT x.ctid FROM {table} x "
+            f"WHERE {where} LIMIT {PAGE_ROWS})) RETURNING 1) SELECT count(*) FROM hit"
+        )
     return (
-        f"WITH hit AS ({head} WHERE ctid = ANY(ARRAY(SELECT x.ctid FROM {table} x "
-        f"WHERE {where} LIMIT {PAGE_ROWS})) RETURNING 1) SELECT count(*) FROM hit"
+        f"WITH pick AS MATERIALIZED (SELECT x.tableoid AS t, x.ctid AS c FROM {table} x "
+        f"WHERE {where} LIMIT {PAGE_ROWS}), "
+        f"hit AS ({head} WHERE ctid = ANY(ARRAY(SELECT c FROM pick)) "
+        "AND (tableoid, ctid) IN (SELECT t, c FROM pick) RETURNING 1) "
+        "SELECT count(*) FROM hit"
     )
 
 
@@ -876,8 +907,11 @@ def subject_export(
     is written). Every reached table is read a page of ``PAGE_ROWS`` rows per
     step and each page is one object ``<prefix>/<table>/part-NNNNN.ndjson``
     (one JSON object per row, as PostgreSQL's ``row_to_json`` writes it; a
-    replay overwrites), then ``<prefix>/index.json`` lists each table with its
-    row count, treatment, ``retain`` reason and parts. ``sink(input)`` answers
+    replay overwrites) or, with ``format="csv"``, ``part-NNNNN.csv`` (a header
+    line naming the table's columns, each value as PostgreSQL's text, ``NULL``
+    an empty cell, the export's formula guard on every cell), then
+    ``<prefix>/index.json`` lists each table with its row count, treatment,
+    ``retain`` reason and parts. ``sink(input)`` answers
     an obstore store; ``prefix`` is a string or a function of the input.
     PostgreSQL only. The result: ``{"tables": n, "rows": n, "index": path}``.
 
@@ -900,8 +934,11 @@ def subject_export(
         faults.append("prefix= is required: a string, or a function of the input answering one")
     elif not callable(prefix) and (_text_fault(prefix) or not isinstance(prefix, str)):
         faults.append("prefix must be a non-empty string or a function of the input")
-    if format != "ndjson":
-        faults.append("format must be 'ndjson' (one JSON object per row)")
+    if format not in ("ndjson", "csv"):
+        faults.append(
+            "format must be 'ndjson' (one JSON object per row) or 'csv' (a header line "
+            "and each column as PostgreSQL's text)"
+        )
     return _declare(
         "subject-export",
         name=name,
@@ -911,7 +948,7 @@ def subject_export(
         key=key,
         faults=faults,
         extra={"queue": queue, "retry": retry, "on_settled": on_settled},
-        body=lambda job_name: _export_body(job_name, subject, key, sink, prefix),
+        body=lambda job_name: _export_body(job_name, subject, key, sink, prefix, format),
     )
 
 
@@ -934,8 +971,33 @@ async def _put(store: Any, path: str, data: bytes) -> None:
     await trio.to_thread.run_sync(ob.put, store, path, data)
 
 
+def _page_sql(plan: Plan, table: str, fmt: str) -> tuple[str, tuple[str, ...]]:
+    """One export page of ``table``'s reach after a position, and the columns
+    a csv part names. A row's position is its ``ctid`` (its ``tableoid`` first
+    in a partitioned table, where a ``ctid`` is a partition's)."""
+    oid = plan.oids[table]
+    columns = tuple(c.name for c in plan.columns.get(oid, ()))
+    if fmt == "ndjson":
+        values = "row_to_json(x)::text"
+    else:
+        values = ", ".join(f"x.{ident(c)}::text" for c in columns)
+    if oid in plan.partitioned:
+        position, after, order = (
+            "x.tableoid::int8",
+            "(x.tableoid, x.ctid) > (%(at)s::int8::oid, %(after)s::tid)",
+            "x.tableoid, x.ctid",
+        )
+    else:
+        position, after, order = "0::int8", "x.ctid > %(after)s::tid", "x.ctid"
+    sql = (
+        f"SELECT {position}, x.ctid::text, {values} FROM {plan.sql_names[oid]} x "
+        f"WHERE {plan.reach[table]} AND {after} ORDER BY {order} LIMIT {PAGE_ROWS}"
+    )
+    return sql, columns
+
+
 def _export_body(
-    name: str, subject: Subject, key: Callable[[Any], Any], sink: Any, prefix: Any
+    name: str, subject: Subject, key: Callable[[Any], Any], sink: Any, prefix: Any, fmt: str
 ) -> Any:
     async def run_subject_export(ctx: JobContext[Any]) -> dict[str, Any]:
         await _postgres(ctx.jobs, "subject_export")
@@ -954,23 +1016,26 @@ def _export_body(
         index: list[dict[str, Any]] = []
         total = 0
         for table, treatment in reversed(plan.tables):  # the person's table first
-            sql = (
-                f"SELECT x.ctid::text, row_to_json(x)::text FROM {plan.sql_names[plan.oids[table]]} x "
-                f"WHERE {plan.reach[table]} AND x.ctid > %(after)s::tid "
-                f"ORDER BY x.ctid LIMIT {PAGE_ROWS}"
-            )
-            after, part, rows, parts = "(0,0)", 0, 0, []
+            sql, columns = _page_sql(plan, table, fmt)
+            after: Any = [0, "(0,0)"]
+            part, rows, parts = 0, 0, []
             while True:
                 part += 1
-                path = f"{base}/{table}/part-{part:05d}.ndjson"
+                path = f"{base}/{table}/part-{part:05d}.{fmt}"
 
-                async def page(sql: str = sql, after: str = after, path: str = path) -> Any:
+                async def page(
+                    sql: str = sql, after: Any = after, path: str = path, columns: Any = columns
+                ) -> Any:
                     async with ctx.jobs.transaction() as tx:
-                        found = await tx.execute(sql, {**params, "after": after})
+                        found = await tx.execute(sql, {**params, "at": after[0], "after": after[1]})
                     if not found:
                         return {"rows": 0, "after": None}
-                    await _put(store, path, "".join(r[1] + "\n" for r in found).encode())
-                    return {"rows": len(found), "after": found[-1][0]}
+                    if fmt == "ndjson":
+                        body = "".join(r[2] + "\n" for r in found).encode()
+                    else:
+                        body = render("csv", columns, [r[2:] for r in found], name)
+                    await _put(store, path, body)
+                    return {"rows": len(found), "after": [found[-1][0], found[-1][1]]}
 
                 out = await ctx.step.run(f"export:{table}:{part}", page)
                 if out["rows"]:
@@ -978,7 +1043,8 @@ def _export_body(
                     rows += int(out["rows"])
                 if out["rows"] < PAGE_ROWS:
                     break
-                after = out["after"]
+                # A page a run before this version recorded answered the ctid alone.
+                after = out["after"] if isinstance(out["after"], list) else [0, out["after"]]
             total += rows
             entry: dict[str, Any] = {
                 "table": table,
@@ -990,10 +1056,10 @@ def _export_body(
                 entry["reason"] = treatment.reason
             index.append(entry)
         index_path = f"{base}/index.json"
-        body = {"subject": subject.table, "format": "ndjson", "tables": index}
+        listed = {"subject": subject.table, "format": fmt, "tables": index}
 
         async def write_index() -> str:
-            await _put(store, index_path, orjson.dumps(body, option=orjson.OPT_INDENT_2))
+            await _put(store, index_path, orjson.dumps(listed, option=orjson.OPT_INDENT_2))
             return index_path
 
         await ctx.step.run("export:index", write_index)
@@ -1054,8 +1120,10 @@ async def subject_proof(jobs: Jobs, subject: Subject) -> None:
     the marker. One found outside a retained table is
     ``X_SUBJECT_ERASE_INCOMPLETE`` naming the table and the column (each one
     found is in ``meta["found"]``). Runs in one transaction that is rolled
-    back: nothing seeded stays. PostgreSQL only; refuses what
-    ``trio-jobs verify`` refuses first.
+    back: nothing seeded stays (a list- or range-partitioned table without a
+    default partition gets one for the canaries, inside that transaction: it
+    holds the table's lock until the proof ends). PostgreSQL only; refuses
+    what ``trio-jobs verify`` refuses first.
 
     >>> await subject_proof(jobs, members)  # raises when a column keeps the person
     """
@@ -1071,6 +1139,7 @@ async def subject_proof(jobs: Jobs, subject: Subject) -> None:
             plan = await planned(tx.execute, subject)
             [(token,)] = await tx.execute("SELECT left(md5(gen_random_uuid()::text), 10)", {})
             canary = f"cn{token}"
+            await _default_partitions(tx.execute, plan)
             key = await _seed(tx.execute, plan, canary)
             for op in plan.operations:
                 while await run_operation(tx.execute, op, key) >= PAGE_ROWS:
@@ -1081,6 +1150,8 @@ async def subject_proof(jobs: Jobs, subject: Subject) -> None:
                 "FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
                 "WHERE c.relnamespace IN (SELECT relnamespace FROM pg_class "
                 "WHERE oid = ANY(%(oids)s::oid[])) AND c.relkind IN ('r', 'p') "
+                # a partition's rows are its parent's (searched, and kept, there)
+                "AND NOT c.relispartition "
                 "AND c.relname NOT LIKE 'trio\\_jobs\\_%%' AND a.attnum > 0 "
                 "AND NOT a.attisdropped AND (a.atttypid IN ('text'::regtype, "
                 "'varchar'::regtype, 'bpchar'::regtype, 'json'::regtype, 'jsonb'::regtype) "
@@ -1108,6 +1179,27 @@ async def subject_proof(jobs: Jobs, subject: Subject) -> None:
             + ": delete that table, Anonymize that column, or Retain the table with a reason "
             "(a table the catalog cannot link to the person: columns=)",
             meta={"found": [{"table": t, "column": c} for t, c in found]},
+        )
+
+
+async def _default_partitions(execute: Execute, plan: Plan) -> None:
+    """Give each reached list- or range-partitioned table without a default
+    partition one (in the proof's rolled-back transaction: it never stays), so
+    a canary row whose generated key no partition holds has a place."""
+    if not plan.partitioned:
+        return
+    rows = await execute(
+        "SELECT n.nspname::text, c.relname::text, c.oid::regclass::text FROM pg_partitioned_table p "
+        "JOIN pg_class c ON c.oid = p.partrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE p.partrelid = ANY(%(oids)s::oid[]) AND p.partstrat IN ('l', 'r') "
+        "AND p.partdefid = 0 ORDER BY 3",
+        {"oids": sorted(plan.partitioned)},
+    )
+    for schema, name, table in rows:
+        await execute(
+            f"CREATE TABLE {ident(schema)}.{ident(name[:40] + '_trio_jobs_proof')} "
+            f"PARTITION OF {table} DEFAULT",
+            {},
         )
 
 

@@ -14,10 +14,13 @@ from typing import Any
 import attrs
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from obstore.store import MemoryStore
 
 from dataio_support import Load, Table, listing, local, make_import, put, read
 from trio_jobs import ErrorCode, JobsError, Retry, export_rows
+from trio_jobs._export_rows import _cell, render
 from trio_jobs.testing import crash_proof, open_harness
 
 ROWS = [
@@ -186,3 +189,38 @@ async def test_an_import_killed_at_every_page_boundary_imports_every_row_once(
     assert report.boundaries >= 3 * pages + 1
     assert report.reference["table"] == {i + 1: [i] for i in range(1, 60) if i % 7}
     assert report.reference["refused_lines"] == [i + 1 for i in range(7, 60, 7)]
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.sampled_from(["=1+1", "+x", "-3", "@a", "", "a,b", 'q"q', "a\nb", "c\rd", " s "]),
+    st.dates(),
+    st.datetimes(),
+    st.times(),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.uuids(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=4).flatmap(
+        lambda width: st.lists(
+            st.tuples(*[_VALUES] * width) | st.tuples(*[st.sampled_from([1, None, "=x"])] * width),
+            max_size=6,
+        )
+    )
+)
+def test_a_page_renders_each_cell_as_the_one_cell_rule_does(rows: list[tuple[Any, ...]]) -> None:
+    """The column-at-a-time render writes what ``_cell`` of every value writes."""
+    width = len(rows[0]) if rows else 2
+    columns = tuple(f"c{i}" for i in range(width))
+    expected = io.StringIO()
+    writer = csv.writer(expected, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_cell(v) for v in row] for row in rows)
+    assert render("csv", columns, rows, "x") == expected.getvalue().encode()

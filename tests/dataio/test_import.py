@@ -14,7 +14,7 @@ import pytest
 from obstore.store import MemoryStore
 
 from dataio_support import Load, Person, Table, listing, local, make_import, put, read
-from trio_jobs import ErrorCode, ErrorSink, JobsError, import_rows
+from trio_jobs import ErrorCode, ErrorSink, JobsError, Retry, import_rows
 from trio_jobs.testing import open_harness
 
 HEADER = "id,name,score,active\n"
@@ -369,3 +369,39 @@ def test_a_bad_declaration_names_every_fault() -> None:
     with pytest.raises(JobsError) as caught:
         import_rows(name="x", source=lambda i: None)
     assert caught.value.code == ErrorCode.X_IDEMPOTENCY_REQUIRED
+
+
+async def test_a_handle_overlaps_the_parse_of_the_next_batch_but_never_itself(
+    tmp_path: pathlib.Path, autojump_clock: Any
+) -> None:
+    """A batch's handle runs while the page parses on; the next batch waits for
+    it, so the calls keep the file's order and never overlap; a handle's fault
+    fails the page (the attempt), and the retry hands every row again."""
+    import trio
+
+    store = local(tmp_path)
+    put(store, "in.csv", HEADER + people(23))
+    seen: list[list[int]] = []
+    inside, most = [0], [0]
+    failures = [1]
+
+    async def handle(rows: list[Person], _input: Load) -> None:
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            await trio.sleep(1)
+            if len(seen) == 2 and failures[0]:
+                failures[0] -= 1
+                raise RuntimeError("the database went away")
+            seen.append([r.id for r in rows])
+        finally:
+            inside[0] -= 1
+
+    job = make_import(store, Table(), batch=5, handle=handle, retry=Retry(attempts=2, base="1s"))
+    trace = await run(job)
+    assert trace.state == "done", trace.last_error
+    assert trace.attempts == 2
+    assert most == [1], "two handle calls at once"
+    # the first attempt handed [1..5], [6..10], failed on the third; the retry handed all
+    assert seen[:2] == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    assert [i for batch in seen[2:] for i in batch] == list(range(1, 24))

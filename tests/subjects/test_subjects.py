@@ -316,7 +316,7 @@ def test_a_declaration_is_refused_naming_every_fault() -> None:
     for part in ("unknown field(s): bogus", "subject= is required", "key= is required"):
         assert part in caught.value.message
     with pytest.raises(JobsError) as caught:
-        subject_export(name="x", subject=app.members, key=lambda i: i, format="csv")
+        subject_export(name="x", subject=app.members, key=lambda i: i, format="xml")
     assert caught.value.code == ErrorCode.X_JOB_DECLARATION_INVALID
     for part in ("sink= is required", "prefix= is required", "format must be 'ndjson'"):
         assert part in caught.value.message
