@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import coredis
 import coredis.exceptions
 import trio
@@ -60,6 +61,7 @@ from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
+from ._introspect import RedisIntrospection
 from ._tasks import RedisTasks
 from ._wake import RedisWake
 
@@ -68,8 +70,9 @@ __all__ = ["SCHEMA_VERSION", "RedisDriver"]
 logger = logging.getLogger("trio_jobs.redis")
 
 #: The layout of the keys this driver writes. Stored under ``<prefix>:schema``
-#: on first open; a driver speaking another version refuses to open.
-SCHEMA_VERSION = 1
+#: on first open; a driver speaking another version refuses to open, except
+#: that version 1's keys are upgraded in place (see ``_upgrade``).
+SCHEMA_VERSION = 2
 #: The most settles remembered as possibly landed (their call raised) until the
 #: same claim settles again; the oldest is forgotten first.
 UNSURE_KEPT = 10_000
@@ -214,7 +217,7 @@ def unavailable(what: str) -> DriverError:
 
 
 def _request_row(r: EnqueueRequest) -> list[str]:
-    """One request as the 15 script arguments ``insert_row`` reads."""
+    """One request as the 19 script arguments ``insert_row`` reads."""
     return [
         r.id,
         r.run_id,
@@ -231,21 +234,11 @@ def _request_row(r: EnqueueRequest) -> list[str]:
         _json_opt(dict(r.actor) if r.actor is not None else None),
         _json_opt(dict(r.trace_context) if r.trace_context is not None else None),
         live_field(r.name, r.tenant_id, r.idempotency_key),
+        "1" if r.sensitive else "0",
+        _opt(r.parent_id),
+        _num(r.debounce),
+        _num(r.unique_for),
     ]
-
-
-def _refuse_keyed(requests: Sequence[EnqueueRequest]) -> None:
-    """``debounce=`` / ``unique_for=`` are not in the Redis scripts yet: refused
-    before anything is written, never silently ignored."""
-    for r in requests:
-        if r.debounce is not None or r.unique_for is not None:
-            field = "debounce" if r.debounce is not None else "unique_for"
-            raise JobsError(
-                ErrorCode.X_NOT_IMPLEMENTED,
-                f"{r.name} declares {field}=, which the Redis driver does not implement "
-                "yet; nothing was queued (use the memory or PostgreSQL driver for this job)",
-                meta={"job": r.name, "field": field},
-            )
 
 
 class RedisDriver:
@@ -291,9 +284,9 @@ class RedisDriver:
         self.events = _RedisEvents(self)
         self.leases: _RedisLeases | None = _RedisLeases(self)
         self.rate_limits: RateLimitStore | None = _RedisRateLimits(self)
-        #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
-        #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
-        self.introspect: None = None
+        #: The operator surface (``lua/operate.lua``): ``jobs.show``/``list``/
+        #: ``cancel``/..., the CLI and the dashboard.
+        self.introspect: RedisIntrospection | None = RedisIntrospection(self)
         self.backfills: RedisBackfills | None = RedisBackfills(self)
         #: Scheduled tasks: leases, fires and pauses (lua/tasks.lua).
         self.tasks: RedisTasks | None = RedisTasks(self)
@@ -378,6 +371,8 @@ class RedisDriver:
             for source in self._scripts.sources():
                 await self._call(self.client.script_load(source), "SCRIPT LOAD")
             stored = await self._script("schema", [str(SCHEMA_VERSION)])
+            if int(_s(stored)) == 1:
+                stored = await self._upgrade()
             if int(_s(stored)) != SCHEMA_VERSION:
                 raise JobsError(
                     ErrorCode.X_CONFIG_INVALID,
@@ -397,6 +392,28 @@ class RedisDriver:
             self._client = None
             raise
         self.opened = True
+
+    async def _upgrade(self) -> Any:
+        """Version 1's keys to version 2's: every row into the operator
+        surface's indexes (by creation and by id), then the stored version moves.
+        Rows are found by ``SCAN`` in batches; a row written meanwhile by a
+        version-1 process may be missed (stop them first: the how-to says so).
+        Idempotent: an upgrade cut short is simply run again."""
+        client = self.client
+        batch: list[str] = []
+        start = len(self.prefix) + len(":job:")
+
+        async def flush() -> None:
+            if batch:
+                await self._script("schema_index", batch)
+                batch.clear()
+
+        async for key in client.scan_iter(match=f"{self.prefix}:job:*", count=1000):
+            batch.append(_s(key)[start:])
+            if len(batch) >= 500:
+                await flush()
+        await flush()
+        return await self._script("schema_set", ["1", str(SCHEMA_VERSION)])
 
     async def _check_eviction(self) -> None:
         """Warn when Redis may evict keys: under memory pressure an eviction
@@ -493,7 +510,6 @@ class RedisDriver:
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         self.client  # noqa: B018 — refuse a closed driver before any work
-        _refuse_keyed(requests)
         out: list[EnqueueResult] = []
         ready: set[str] = set()
         now = self.now()
@@ -505,7 +521,12 @@ class RedisDriver:
             reply = await self._script("enqueue", args)
             for r, (found_id, found_run, deduped) in zip(chunk, reply, strict=True):
                 out.append(EnqueueResult(_s(found_id), _s(found_run), bool(int(deduped))))
-                if not int(deduped) and not r.delay and (r.run_at is None or r.run_at <= now):
+                if (
+                    not int(deduped)
+                    and not r.delay
+                    and r.debounce is None
+                    and (r.run_at is None or r.run_at <= now)
+                ):
                     ready.add(r.queue)
         self._fire(sorted(ready))
         return out
@@ -771,9 +792,9 @@ class _RedisTx:
         self._keys: dict[str, EnqueueResult] = {}
         self._events: list[tuple[str, str]] = []
         self._steps: list[list[str]] = []
+        self._debounced: list[EnqueueRequest] = []
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        _refuse_keyed(requests)
         out: list[EnqueueResult | None] = [None] * len(requests)
         ask: list[int] = []
         firsts: dict[str, int] = {}
@@ -782,6 +803,7 @@ class _RedisTx:
             staged = self._keys.get(lf)
             if staged is not None:
                 out[i] = EnqueueResult(staged.id, staged.run_id, True)
+                self._debounce(r)
             elif lf in firsts:
                 continue
             else:
@@ -792,13 +814,20 @@ class _RedisTx:
             args = [str(len(chunk))]
             for i in chunk:
                 r = requests[i]
-                args.extend([live_field(r.name, r.tenant_id, r.idempotency_key), r.id])
+                args.extend(
+                    [
+                        live_field(r.name, r.tenant_id, r.idempotency_key),
+                        r.id,
+                        "" if r.unique_for is None else repr(float(r.unique_for)),
+                    ]
+                )
             reply = await self._d._script("peek", args)
             for i, found in zip(chunk, reply, strict=True):
                 r = requests[i]
                 lf = live_field(r.name, r.tenant_id, r.idempotency_key)
                 if found:
                     result = EnqueueResult(_s(found[0]), _s(found[1]), True)
+                    self._debounce(r)
                 else:
                     result = EnqueueResult(r.id, r.run_id, False)
                     self._rows.append(r)
@@ -808,7 +837,27 @@ class _RedisTx:
             if out[i] is None:
                 first = self._keys[live_field(r.name, r.tenant_id, r.idempotency_key)]
                 out[i] = EnqueueResult(first.id, first.run_id, True)
+                self._debounce(r)
         return [r for r in out if r is not None]
+
+    def _debounce(self, r: EnqueueRequest) -> None:
+        """A debounced input answered as deduped: the commit moves the row
+        holding its key (staged here, or live on the server) with it."""
+        if r.debounce is None:
+            return
+        lf = live_field(r.name, r.tenant_id, r.idempotency_key)
+        for staged in self._rows:
+            if live_field(staged.name, staged.tenant_id, staged.idempotency_key) == lf:
+                # A row this transaction writes: it takes the last input itself.
+                index = self._rows.index(staged)
+                self._rows[index] = attrs.evolve(
+                    staged,
+                    payload=r.payload,
+                    concurrency_key=r.concurrency_key,
+                    debounce=r.debounce,
+                )
+                return
+        self._debounced.append(r)
 
     async def publish(self, name: str, payload: Any) -> None:
         self._events.append((name, _json(payload)))
@@ -829,7 +878,7 @@ class _RedisTx:
         return True
 
     async def commit(self) -> None:
-        if not self._rows and not self._events and not self._steps:
+        if not self._rows and not self._events and not self._steps and not self._debounced:
             return
         args = [str(len(self._rows))]
         for r in self._rows:
@@ -840,6 +889,9 @@ class _RedisTx:
         args.append(str(len(self._steps)))
         for step in self._steps:
             args.extend(step)
+        args.append(str(len(self._debounced)))
+        for r in self._debounced:
+            args.extend(_request_row(r))
         reply = await self._d._script("commit", args)
         if isinstance(reply, str | bytes) and _s(reply) == "conflict":
             raise JobsError(

@@ -214,10 +214,17 @@ local function index(jk, id, q)
   end
 end
 
+-- A row leaves the live states: its live key is free again. A row enqueued
+-- with unique_for= ('un') is remembered as its key's newest settled row
+-- (P:uniq:<live key>), for as long as a settled row is kept.
 local function free_key(jk, id)
-  local lf = redis.call('HGET', jk, 'lf')
+  local f = redis.call('HMGET', jk, 'lf', 'un')
+  local lf = f[1]
   if lf and redis.call('HGET', P .. ':live', lf) == id then
     redis.call('HDEL', P .. ':live', lf)
+    if f[2] == '1' then
+      redis.call('SET', P .. ':uniq:' .. lf, id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+    end
   end
 end
 
@@ -361,36 +368,72 @@ local function settled_by(jk, claim)
   return f[1] ~= false and f[1] ~= 'running' and f[2] == claim
 end
 
--- The row holding an input's live key, or the row already stored under its id
--- (a republish): {id, run_id}, or nil when the input would be a new row.
-local function holder(lf, id)
+-- The live row holding live key `lf`: its id and run id, or nil.
+local function live_holder(lf)
   local held = redis.call('HGET', P .. ':live', lf)
   if held then
     local f = redis.call('HMGET', jobkey(held), 'rid', 'st')
     if f[1] and LIVE[f[2]] then
-      return {held, f[1]}
+      return held, f[1]
     end
-  end
-  local rid = redis.call('HGET', jobkey(id), 'rid')
-  if rid then
-    return {id, rid}
   end
   return nil
 end
 
-local ROW = 15
+-- The settled row a unique_for= of `uf` seconds still holds key `lf` for
+-- (settled less than `uf` ago): its id and run id, or nil.
+local function unique_holder(lf, uf)
+  local held = redis.call('GET', P .. ':uniq:' .. lf)
+  if not held then return nil end
+  local f = redis.call('HMGET', jobkey(held), 'rid', 'st', 'upd')
+  if f[1] and f[2] and not LIVE[f[2]] and tonumber(f[3]) + uf > NOW then
+    return held, f[1]
+  end
+  return nil
+end
+
+-- The row holding an input's live key, the row already stored under its id
+-- (a republish), or (uf: its unique_for= in seconds, or nil) the settled row
+-- still holding its key: {id, run_id}, or nil when the input would be a new row.
+local function holder(lf, id, uf)
+  local held, rid = live_holder(lf)
+  if held then return {held, rid} end
+  rid = redis.call('HGET', jobkey(id), 'rid')
+  if rid then
+    return {id, rid}
+  end
+  if uf then
+    held, rid = unique_holder(lf, uf)
+    if held then return {held, rid} end
+  end
+  return nil
+end
+
+-- A row's arguments: id, run id, name, queue, payload, tenant, idempotency
+-- key, concurrency key, max attempts, priority, run_at, delay, actor, trace
+-- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for.
+local ROW = 19
+
+local function need_positive_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  return need_positive(string.sub(v, 2), name)
+end
 
 -- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
 -- arguments; checked for every row before the first is written).
 local function row_fault(i, r)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
   local bad = first(
     need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
     need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
     need_opt(ck, 'concurrency_key'), need_whole(mx, 'max_attempts', 1),
     need_whole(prio, 'priority', -MAX_PRIORITY - 1, MAX_PRIORITY),
     need_instant_opt(run, 'run_at'), need_duration_opt(delay, 'delay'),
-    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'))
+    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'),
+    (sens ~= '0' and sens ~= '1') and "sensitive must be '0' or '1'" or nil,
+    need_opt(par, 'parent_id'), need_positive_opt(deb, 'debounce'),
+    need_positive_opt(uf, 'unique_for'))
   if bad then return 'row ' .. r .. ': ' .. bad end
   return nil
 end
@@ -409,9 +452,11 @@ end
 
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
   local run_at
-  if run ~= '' then
+  if deb ~= '' then
+    run_at = NOW + tonumber(opt(deb))
+  elseif run ~= '' then
     run_at = tonumber(opt(run))
   else
     run_at = NOW + (tonumber(opt(delay)) or 0)
@@ -427,12 +472,56 @@ local function insert_row(i)
   if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) end
   if ac ~= '' then redis.call('HSET', jk, 'ac', opt(ac)) end
   if tc ~= '' then redis.call('HSET', jk, 'tc', opt(tc)) end
+  redis.call('HSET', jk, 'sens', sens)
+  if par ~= '' then redis.call('HSET', jk, 'par', opt(par)) end
+  if uf ~= '' then redis.call('HSET', jk, 'un', '1') end
   redis.call('HSET', P .. ':live', lf, id)
   redis.call('SADD', P .. ':queues', q)
+  -- The operator surface's indexes: by creation (list), by id (prefixes).
+  redis.call('ZADD', P .. ':all', fmt(NOW), id)
+  redis.call('ZADD', P .. ':ids', 0, id)
+  if par ~= '' then redis.call('RPUSH', P .. ':kids:' .. opt(par), id) end
   count(q, st, 1)
   index(jk, id, q)
   if st == 'ready' then return q end
   return nil
+end
+
+-- A live row a debounced enqueue may still move: never claimed (no attempt
+-- log: a sleep's hand-back is uncounted), ready or delayed, not waiting on a
+-- busy key. It takes the input's payload and concurrency key and is due
+-- `debounce` after now.
+local function debounce_row(held, i)
+  local jk = jobkey(held)
+  local f = redis.call('HMGET', jk, 'st', 'q', 'al', 'bk', 'rm')
+  if (f[1] ~= 'ready' and f[1] ~= 'delayed') or f[3] or f[4] then return end
+  local q = f[2]
+  local ck = ARGV[i + 7]
+  redis.call('HSET', jk, 'pl', ARGV[i + 4], 'run', fmt(NOW + tonumber(opt(ARGV[i + 17]))),
+    'upd', fmt(NOW))
+  if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) else redis.call('HDEL', jk, 'ck') end
+  if f[5] then
+    redis.call('ZREM', P .. ':ready:' .. q, f[5])
+    redis.call('HDEL', jk, 'rm')
+  end
+  redis.call('ZREM', P .. ':sched:' .. q, held)
+  set_state(jk, q, f[1], 'delayed')
+  index(jk, held, q)
+end
+
+-- One input of an enqueue (ARGV[i .. i + ROW - 1]): deduped onto the row
+-- holding its key (a debounced input moves it, see debounce_row), or stored.
+-- Answers {id, run_id, deduped} and, for a new row due now, its queue.
+local function enqueue_row(i)
+  local lf, uf = ARGV[i + 14], opt(ARGV[i + 18])
+  local held, rid = live_holder(lf)
+  if held then
+    if ARGV[i + 17] ~= '' then debounce_row(held, i) end
+    return {held, rid, 1}, nil
+  end
+  local found = holder(lf, ARGV[i], uf and tonumber(uf))
+  if found then return {found[1], found[2], 1}, nil end
+  return {ARGV[i], ARGV[i + 1], 0}, insert_row(i)
 end
 
 -- Store an event and make every run suspended on it due now. Answers the
@@ -478,6 +567,105 @@ local function announce(queues)
   end
 end
 
+-- ---------------------------------------------------------------- the operator surface
+-- (operate.lua's scripts; the helpers live here, beside what they change)
+
+-- A row as the operator surface reads it: {fields, steps, children}, or {}
+-- when no row has that id. `bare`: without steps and children (a list row).
+local function view(id, bare)
+  local h = redis.call('HGETALL', jobkey(id))
+  if #h == 0 then return {} end
+  if bare then return {h, {}, {}} end
+  return {h, redis.call('HGETALL', P .. ':steps:' .. id), redis.call('LRANGE', P .. ':kids:' .. id, 0, -1)}
+end
+
+-- Ids whose rows are gone (a retention expiry): out of the operator's indexes.
+local function forget(ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', P .. ':all', id)
+    redis.call('ZREM', P .. ':ids', id)
+  end
+end
+
+-- Out of the queue's indexes (a row about to move or go).
+local function unindex(jk, id, q)
+  local rm = redis.call('HGET', jk, 'rm')
+  if rm then
+    redis.call('ZREM', P .. ':ready:' .. q, rm)
+    redis.call('HDEL', jk, 'rm')
+  end
+  redis.call('ZREM', P .. ':sched:' .. q, id)
+end
+
+-- A settled row is live again: ready now, attempts and error cleared, kept
+-- until it settles again.
+local function requeue_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q', 'lf')
+  local st, q = f[1], f[2]
+  redis.call('ZREM', P .. ':term:' .. q .. ':' .. st, id)
+  redis.call('PERSIST', jk)
+  redis.call('PERSIST', P .. ':steps:' .. id)
+  redis.call('HDEL', jk, 'ec', 'em', 'rs', 'we', 'bk', 'w', 'c')
+  redis.call('HSET', jk, 'att', 0, 'run', fmt(NOW), 'upd', fmt(NOW))
+  redis.call('HSET', P .. ':live', f[3], id)
+  set_state(jk, q, st, 'ready')
+  index(jk, id, q)
+  redis.call('PUBLISH', P .. ':wake', q)
+end
+
+local CANCELLED_OUTCOME = 'cancelled'
+
+-- A live row ends cancelled: a running one's claim is fenced off (its attempt
+-- log entry closed with `line`), its live key and slots freed.
+local function cancel_row(id, message, line)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  local st, q = f[1], f[2]
+  if st == 'running' then
+    log_end(jk, CANCELLED_OUTCOME, 'X_ABORTED', line)
+    redis.call('ZREM', P .. ':running', id)
+  end
+  unindex(jk, id, q)
+  redis.call('HDEL', jk, 'w', 'c', 'bk')
+  redis.call('HSET', jk, 'ec', 'X_ABORTED', 'em', message, 'upd', fmt(NOW))
+  free_key(jk, id)
+  release_leases(id)
+  terminal(jk, id, q, st, 'cancelled')
+end
+
+-- A row and its steps are deleted, out of every index.
+local function drop_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  local st, q = f[1], f[2]
+  if st then
+    unindex(jk, id, q)
+    redis.call('ZREM', P .. ':running', id)
+    if LIVE[st] then count(q, st, -1) else redis.call('ZREM', P .. ':term:' .. q .. ':' .. st, id) end
+    redis.call('HDEL', jk, 'un')
+    free_key(jk, id)
+    release_leases(id)
+  end
+  redis.call('DEL', jk, P .. ':steps:' .. id, P .. ':kids:' .. id)
+  forget({id})
+end
+
+-- Whether a row promote moves: delayed, or ready backing off before a retry.
+local function promotable(st, run)
+  return st == 'delayed' or (st == 'ready' and tonumber(run) > NOW)
+end
+
+local function promote_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  unindex(jk, id, f[2])
+  redis.call('HSET', jk, 'run', fmt(NOW), 'pr', 1, 'upd', fmt(NOW))
+  set_state(jk, f[2], f[1], 'ready')
+  index(jk, id, f[2])
+  redis.call('PUBLISH', P .. ':wake', f[2])
+end
+
 -- name: schema
 -- The key-schema version: set on first use, answered as stored afterwards.
 fault = need_whole(ARGV[A], 'the key-schema version', 1)
@@ -488,6 +676,27 @@ if not cur then
   return ARGV[A]
 end
 return cur
+
+-- name: schema_index
+-- The upgrade from key-schema version 1: the rows ARGV[A ..] (ids) into the
+-- operator surface's indexes.
+for i = A, #ARGV do
+  local cr = redis.call('HGET', jobkey(ARGV[i]), 'cr')
+  if cr then
+    redis.call('ZADD', P .. ':all', cr, ARGV[i])
+    redis.call('ZADD', P .. ':ids', 0, ARGV[i])
+  end
+end
+return 1
+
+-- name: schema_set
+-- Move the stored version from ARGV[A] to ARGV[A + 1]; answers the version stored.
+fault = need_whole(ARGV[A], 'the version', 1) or need_whole(ARGV[A + 1], 'the version', 1)
+if fault then return refuse('X_INVARIANT', fault) end
+if redis.call('GET', P .. ':schema') == ARGV[A] then
+  redis.call('SET', P .. ':schema', ARGV[A + 1])
+end
+return redis.call('GET', P .. ':schema')
 
 -- name: enqueue
 -- Up to 1,000 rows. An input whose live key a live row holds, or whose id is
@@ -502,14 +711,9 @@ local out = {}
 local woke = {}
 local i = A + 1
 for r = 1, n do
-  local found = holder(ARGV[i + ROW - 1], ARGV[i])
-  if found then
-    out[r] = {found[1], found[2], 1}
-  else
-    local q = insert_row(i)
-    if q then woke[q] = true end
-    out[r] = {ARGV[i], ARGV[i + 1], 0}
-  end
+  local answer, q = enqueue_row(i)
+  if q then woke[q] = true end
+  out[r] = answer
   i = i + ROW
 end
 announce(woke)
@@ -517,11 +721,12 @@ return out
 
 -- name: peek
 -- Read-only: what a staged input would dedupe onto now ({id, run_id} or {}).
+-- Per input: its live key, its id and its unique_for= ('' for none).
 local n = tonumber(ARGV[A])
 local out = {}
 for r = 1, n do
-  local lf, id = ARGV[A + 2 * r - 1], ARGV[A + 2 * r]
-  out[r] = holder(lf, id) or {}
+  local lf, id, uf = ARGV[A + 3 * r - 2], ARGV[A + 3 * r - 1], ARGV[A + 3 * r]
+  out[r] = holder(lf, id, uf ~= '' and tonumber(uf) or nil) or {}
 end
 return out
 
@@ -551,14 +756,21 @@ do
           need_whole(ARGV[k + 2], 'a step claim'), need(ARGV[k + 3], 'a step name'),
           need_whole(ARGV[k + 4], 'a step seq'), need(ARGV[k + 5], 'a step record'))
       end
-      if not fault and #ARGV ~= s0 + 6 * ns then fault = 'the arguments do not add up' end
+      if not fault then
+        local d0 = s0 + 6 * ns + 1
+        fault = need_whole(ARGV[d0], 'the debounce count', 0) or rows_fault(whole(ARGV[d0]), d0 + 1)
+        if not fault and #ARGV ~= d0 + ROW * whole(ARGV[d0]) then
+          fault = 'the arguments do not add up'
+        end
+      end
     end
   end
   if fault then return refuse('X_INVARIANT', fault) end
 end
 local i = A + 1
 for r = 1, n do
-  if holder(ARGV[i + ROW - 1], ARGV[i]) then
+  local uf = opt(ARGV[i + 18])
+  if holder(ARGV[i + 14], ARGV[i], uf and tonumber(uf)) then
     return 'conflict'
   end
   i = i + ROW
@@ -585,6 +797,14 @@ for r = 1, n do
 end
 for e = 1, ne do
   publish_event(ARGV[i + 2 * e - 1], ARGV[i + 2 * e], woke)
+end
+-- Debounced inputs the staging answered as deduped onto a live row: that row
+-- takes the last of them, if it still has not started.
+local d0 = s0 + 6 * ns + 1
+for r = 0, tonumber(ARGV[d0]) - 1 do
+  local k = d0 + 1 + r * ROW
+  local held = live_holder(ARGV[k + 14])
+  if held then debounce_row(held, k) end
 end
 announce(woke)
 local qs = {}
@@ -939,6 +1159,12 @@ for _, q in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
   local row = {q, redis.call('HGETALL', P .. ':count:' .. q)}
   for _, st in ipairs({'done', 'failed', 'dead', 'cancelled'}) do
     local tk = P .. ':term:' .. q .. ':' .. st
+    -- Rows past their retention: Redis expired them (or will within a
+    -- second); out of the operator's indexes once they are gone.
+    local expired = redis.call('ZRANGEBYSCORE', tk, '-inf', fmt(NOW), 'LIMIT', 0, 1000)
+    for _, id in ipairs(expired) do
+      if redis.call('EXISTS', jobkey(id)) == 0 then forget({id}) end
+    end
     redis.call('ZREMRANGEBYSCORE', tk, '-inf', fmt(NOW))
     row[#row + 1] = st
     row[#row + 1] = redis.call('ZCARD', tk)
