@@ -220,13 +220,12 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
     drain never returns: the process exits ``EXIT_ABANDONED`` at once. ``link``:
     the supervisor's, when this process is one of ``--processes N``."""
     from .. import Retention, Worker, open_jobs
-    from ..drivers.postgres import postgres_driver
 
     # Installed before anything slow: a SIGTERM during startup drains, never kills.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         handles = load_jobs(opts.target)
         db = await resolve_database(opts.database_url)
-        async with open_jobs(postgres_driver(db.dsn), jobs=handles) as jobs:
+        async with open_jobs(db.driver(), jobs=handles) as jobs:
             queues = opts.queues
             if queues is None and isinstance(opts.concurrency, dict):
                 queues = list(opts.concurrency)
