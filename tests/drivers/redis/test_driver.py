@@ -497,3 +497,31 @@ async def test_a_run_waiting_on_a_busy_key_starts_when_the_holder_settles(
 
 async def test_many_runs_queue_behind_few_keys(redis_url: str, redis_prefix: str) -> None:
     await check_many_runs_queue_behind_few_keys(redis_driver(redis_url, prefix=redis_prefix))
+
+
+async def test_concurrent_acks_share_one_script_call(driver: RedisDriver) -> None:
+    """The settle combiner: acks of many slots in flight together go out in
+    one script call, each answered on its own (a stale fence in the batch is
+    refused alone); a bad duration is refused before it joins a batch."""
+    await driver.enqueue_many([req(f"a{i}") for i in range(40)])
+    held = (await driver.claim(_claim({"default": 40}))).jobs
+    assert len(held) == 40
+    stale = attrs.evolve(held[0].fence, claim=held[0].fence.claim + 10_000)
+    answers: dict[str, bool] = {}
+    before = driver._acker.flushes
+
+    async def settle(i: int) -> None:
+        fence = stale if i == 0 else held[i].fence
+        answers[held[i].id] = await driver.ack(held[i].id, AckOptions(fence=fence, result=i))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(settle, i)
+    assert driver._acker.flushes - before <= 2  # the first may go alone, the rest together
+    assert answers[held[0].id] is False
+    assert all(answers[j.id] for j in held[1:])
+    with pytest.raises(JobsError) as err:
+        await driver.ack(held[0].id, AckOptions(fence=held[0].fence, duration=float("nan")))
+    assert err.value.code == "X_INVARIANT"
+    assert await driver.ack(held[0].id, AckOptions(fence=held[0].fence, result=0))
+    assert sum(s.done for s in await driver.stats()) == 40

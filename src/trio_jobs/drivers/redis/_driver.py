@@ -61,6 +61,7 @@ from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
+from ._combine import Combiner
 from ._introspect import RedisIntrospection
 from ._tasks import RedisTasks
 from ._wake import RedisWake
@@ -84,6 +85,8 @@ _LAPSE_MESSAGE = (
 )
 
 _TERMINAL_FIELDS = ("done", "failed", "dead", "cancelled")
+#: The longest duration the scripts store (their MAX_DURATION: 100 years).
+MAX_DURATION_SECONDS = 3_155_760_000
 
 
 def _s(value: Any) -> str:
@@ -216,6 +219,18 @@ def unavailable(what: str) -> DriverError:
     return not_connected(what)
 
 
+def _check_duration(duration: float | None) -> None:
+    """A settle's duration as the scripts take it (refused here, before it
+    joins a combined call that one bad value would refuse whole)."""
+    if duration is not None and not (
+        math.isfinite(duration) and 0 <= duration <= MAX_DURATION_SECONDS
+    ):
+        raise JobsError(
+            ErrorCode.X_INVARIANT,
+            "the duration must be a number of seconds from 0 to 100 years; nothing was written",
+        )
+
+
 def _request_row(r: EnqueueRequest) -> list[str]:
     """One request as the 19 script arguments ``insert_row`` reads."""
     return [
@@ -294,6 +309,11 @@ class RedisDriver:
             subscribe=self._subscribe,
             send_probe=self._send_probe,
             start=self._start_service_task,
+        )
+        self._acker = Combiner(
+            self._flush_acks,
+            lambda: self.client,
+            lambda: unavailable("the driver closed with the settle in flight"),
         )
         # Settles whose call raised (the script may have run, its reply lost):
         # the next settle of the same claim is a retry (see ack).
@@ -447,7 +467,7 @@ class RedisDriver:
     ) -> None:
         """Hold the client's connection pool (and the wake session) in
         ``nursery``, else a system task (see :class:`ServiceTasks`)."""
-        if not await self._service.start(context=client, nursery=nursery):
+        if not await self._service.start(self._acker.run, context=client, nursery=nursery):
             raise unavailable("the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
@@ -614,15 +634,25 @@ class RedisDriver:
             del self._unsure[next(iter(self._unsure))]
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
-        """The fenced completion. A retry after a call that raised answers
-        ``True`` when this claim's settle already landed (the script keeps the
-        settling claim), moving nothing twice; after a clean answer a second
-        settle is still refused."""
+        """The fenced completion. Concurrent acks from many slots share one
+        script call (the settle combiner, ``_combine.py``); each returns once
+        its row is settled. A retry after a call that raised answers ``True``
+        when this claim's settle already landed (the script keeps the settling
+        claim), moving nothing twice; after a clean answer a second settle is
+        still refused."""
+        _check_duration(options.duration)
         key, again = self._settle_again(job_id, options.fence)
         try:
-            landed = await self._script(
-                "ack",
-                [
+            return await self._acker.submit(job_id, (job_id, options, again))
+        except BaseException:
+            self._mark_unsure(key)
+            raise
+
+    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> list[bool]:
+        args = [str(len(batch))]
+        for job_id, options, again in batch:
+            args.extend(
+                (
                     job_id,
                     options.fence.worker_id,
                     str(int(options.fence.claim)),
@@ -630,12 +660,10 @@ class RedisDriver:
                     _progress_opt(options.progress),
                     _num(options.duration),
                     again,
-                ],
+                )
             )
-        except BaseException:
-            self._mark_unsure(key)
-            raise
-        return bool(int(landed))
+        landed = await self._script("ack", args)
+        return [bool(int(x)) for x in landed]
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         """The fenced hand-back; a retry recognises its landed hand-back as

@@ -280,6 +280,25 @@ local function release_leases(id)
     end
   end
   redis.call('DEL', jl)
+  redis.call('HDEL', jobkey(id), 'hl')
+end
+
+-- bump() for many settles at once: `counted` maps a job name to {settles,
+-- summed duration or nil, queue}; the bucket's key is touched once.
+local function bump_many(counted, field)
+  local bucket = math.floor(NOW / 60) * 60
+  local ck = P .. ':cnt:' .. string.format('%d', bucket)
+  local any = false
+  for name, c in pairs(counted) do
+    any = true
+    redis.call('HINCRBY', ck, name .. '\n' .. field, c[1])
+    redis.call('HSET', ck, name .. '\nqueue', c[3])
+    if c[2] then redis.call('HINCRBYFLOAT', ck, name .. '\nduration', c[2]) end
+  end
+  if not any then return end
+  redis.call('EXPIRE', ck, COUNTER_TTL)
+  redis.call('ZADD', P .. ':cnt', bucket, string.format('%d', bucket))
+  redis.call('ZREMRANGEBYSCORE', P .. ':cnt', '-inf', '(' .. string.format('%d', bucket - COUNTER_TTL))
 end
 
 local function bump(name, field, duration, q)
@@ -685,6 +704,9 @@ for i = A, #ARGV do
   if cr then
     redis.call('ZADD', P .. ':all', cr, ARGV[i])
     redis.call('ZADD', P .. ':ids', 0, ARGV[i])
+    if redis.call('EXISTS', P .. ':jl:' .. ARGV[i]) == 1 then
+      redis.call('HSET', jobkey(ARGV[i]), 'hl', 1)
+    end
   end
 end
 return 1
@@ -868,6 +890,7 @@ for _, id in ipairs(lapsed) do
 end
 
 local taken = {}
+local leased = {}
 local open_queues = {}
 while i <= #ARGV do
   local q = ARGV[i]
@@ -886,36 +909,52 @@ while i <= #ARGV do
       end
     end
     local rk = P .. ':ready:' .. q
+    local moved = {}
     while want > 0 do
       local got = redis.call('ZRANGE', rk, 0, want - 1)
       if #got == 0 then break end
-      for _, m in ipairs(got) do
-        redis.call('ZREM', rk, m)
+      redis.call('ZREM', rk, unpack(got))
+      -- One claim number per entry read (a stale entry leaves a gap: the
+      -- numbers are unique, not dense).
+      local last_claim = redis.call('INCRBY', P .. ':claims', #got)
+      for k, m in ipairs(got) do
         local id = string.sub(m, 28)
         local jk = jobkey(id)
-        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp')
+        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp', 'al',
+          'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
-          local claim = redis.call('INCR', P .. ':claims')
+          local claim = last_claim - #got + k
           local le = NOW + vis
-          set_state(jk, q, f[1], 'running')
-          redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
-            'upd', fmt(NOW), 'pr', 0, 'lp', 0)
+          moved[f[1]] = (moved[f[1]] or 0) + 1
+          local log = {}
+          if f[7] then log = cjson.decode(f[7]) end
+          while #log >= MAX_LOG do table.remove(log, 1) end
+          log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
+          redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
+            'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
           redis.call('HDEL', jk, 'rm', 'we', 'bk')
-          log_begin(jk, att, worker)
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
-          redis.call('ZADD', P .. ':running', le, id)
-          local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
-          taken[#taken + 1] = {id, g[1] or false, g[2] or false, q, g[3] or false, g[4] or false,
-            g[5] or false, g[6] or false, att, g[7] or false, worker, claim, g[8] or false,
-            g[9] or false, fmt(le), g[10] or false, g[11] or false, f[5] or '0', f[6] or '0',
+          leased[#leased + 1] = fmt(le)
+          leased[#leased + 1] = id
+          taken[#taken + 1] = {id, f[8] or false, f[9] or false, q, f[10] or false, f[11] or false,
+            f[12] or false, f[13] or false, att, f[14] or false, worker, claim, f[15] or false,
+            f[16] or false, fmt(le), f[17] or false, f[18] or false, f[5] or '0', f[6] or '0',
             redis.call('HGETALL', P .. ':steps:' .. id)}
         end
       end
     end
+    -- The live counts, once per state a claimed row left.
+    local n = 0
+    for st, k in pairs(moved) do
+      count(q, st, -k)
+      n = n + k
+    end
+    if n > 0 then count(q, 'running', n) end
   end
 end
+if #leased > 0 then redis.call('ZADD', P .. ':running', unpack(leased)) end
 -- When a row not due now may become claimable: the first due time of the
 -- unpaused queues asked, or the first running lease to lapse ('' for none).
 local next_due = nil
@@ -931,35 +970,93 @@ earlier(P .. ':running')
 return {taken, exhausted, next_due and fmt(next_due) or ''}
 
 -- name: ack
--- The fenced completion: the row ends done with its result; its live key and
--- concurrency slots are freed and the done counter moves, all here. The row
--- keeps the claim that settled it ('sc'); `again` (ARGV[A + 6] = '1') is the
--- retry of an ack whose reply never came (see settled_by).
-fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
-  need_whole(ARGV[A + 2], 'the claim'), need_opt(ARGV[A + 3], 'the result'),
-  need_opt(ARGV[A + 4], 'the progress'), need_duration_opt(ARGV[A + 5], 'the duration'),
-  need_flag(ARGV[A + 6], 'again'))
-if fault then return refuse('X_INVARIANT', fault) end
-local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
-local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
-local jk = jobkey(id)
-local f = owned(jk, worker, claim)
-if not f then
-  if ARGV[A + 6] == '1' and settled_by(jk, claim) then return 1 end
-  return 0
+-- The fenced completions of many slots, one call (the settle combiner):
+-- ARGV[A] the count, then per settle its row's id, the fence (worker, claim),
+-- the result, the progress, the duration and `again`. Each row ends done with
+-- its result; its live key and concurrency slots are freed and the done
+-- counter moves, all here. The row keeps the claim that settled it ('sc');
+-- `again` = '1' is the retry of an ack whose reply never came (see
+-- settled_by). Answers 1 (landed) or 0 per settle, in order.
+local n = whole(ARGV[A])
+fault = (n == nil or n < 0) and 'the count must be a whole number' or nil
+if not fault and #ARGV ~= A + 7 * n then fault = 'the settles do not add up' end
+for r = 0, (fault and 0 or n) - 1 do
+  local b = A + 1 + 7 * r
+  fault = fault or first(need(ARGV[b], 'job_id'), need(ARGV[b + 1], 'worker_id'),
+    need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the result'),
+    need_opt(ARGV[b + 4], 'the progress'), need_duration_opt(ARGV[b + 5], 'the duration'),
+    need_flag(ARGV[b + 6], 'again'))
 end
-redis.call('ZREM', P .. ':running', id)
-redis.call('HDEL', jk, 'w', 'c')
-redis.call('HSET', jk, 'sc', claim)
-redis.call('HSET', jk, 'upd', fmt(NOW))
-if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
-if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
-log_end(jk, 'done', '', '')
-free_key(jk, id)
-release_leases(id)
-terminal(jk, id, f[5], 'running', 'done')
-bump(f[6], 'done', opt(dur), f[5])
-return 1
+if fault then return refuse('X_INVARIANT', fault) end
+local out = {}
+local gone = {}      -- rows out of the running set
+local ended = {}     -- queue -> {score, id, ...} for its done set
+local settled = {}   -- queue -> rows that left running
+local counted = {}   -- job name -> {settles, summed duration or nil, queue}
+for r = 0, n - 1 do
+  local b = A + 1 + 7 * r
+  local id, worker, claim = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  local res, pg, dur = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl')
+  if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
+    if ARGV[b + 6] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
+  else
+    local q, name = f[5], f[6]
+    gone[#gone + 1] = id
+    -- The attempt log's open entry closes done (log_end, inline).
+    local fields = {'st', 'done', 'sc', claim, 'upd', fmt(NOW)}
+    if f[9] then
+      local log = cjson.decode(f[9])
+      local last = log[#log]
+      if last and not last.ended_at then
+        last.ended_at = fmt(NOW)
+        last.outcome = 'done'
+        fields[#fields + 1] = 'al'
+        fields[#fields + 1] = cjson.encode(log)
+      end
+    end
+    if res ~= '' then
+      fields[#fields + 1] = 'rs'
+      fields[#fields + 1] = opt(res)
+      redis.call('HDEL', jk, 'w', 'c')
+    else
+      redis.call('HDEL', jk, 'w', 'c', 'rs')
+    end
+    if pg ~= '' then
+      fields[#fields + 1] = 'pg'
+      fields[#fields + 1] = opt(pg)
+    end
+    redis.call('HSET', jk, unpack(fields))
+    -- free_key, inline (the fields are read above).
+    if f[7] and redis.call('HGET', P .. ':live', f[7]) == id then
+      redis.call('HDEL', P .. ':live', f[7])
+      if f[8] == '1' then
+        redis.call('SET', P .. ':uniq:' .. f[7], id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+      end
+    end
+    if f[10] then release_leases(id) end
+    -- terminal(), with the sets written once per queue below.
+    local e = ended[q] or {}
+    e[#e + 1] = fmt(NOW + DONE_TTL)
+    e[#e + 1] = id
+    ended[q] = e
+    settled[q] = (settled[q] or 0) + 1
+    redis.call('EXPIRE', jk, math.ceil(DONE_TTL))
+    redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(DONE_TTL))
+    local c = counted[name] or {0, nil, q}
+    c[1] = c[1] + 1
+    if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
+    c[3] = q
+    counted[name] = c
+    out[r + 1] = 1
+  end
+end
+if #gone > 0 then redis.call('ZREM', P .. ':running', unpack(gone)) end
+for q, k in pairs(settled) do count(q, 'running', -k) end
+for q, e in pairs(ended) do redis.call('ZADD', P .. ':term:' .. q .. ':done', unpack(e)) end
+bump_many(counted, 'done')
+return out
 
 -- name: nack
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
@@ -1266,6 +1363,7 @@ if free then
     'PX', math.ceil(math.max(ttl * 2, ttl + 60) * 1000))
   redis.call('SADD', P .. ':jl:' .. job, sk)
   redis.call('SADD', P .. ':lslots:' .. key, sk)
+  redis.call('HSET', jobkey(job), 'hl', 1)  -- the ack releases only rows that hold one
   return {free, 0}
 end
 local own = 1
