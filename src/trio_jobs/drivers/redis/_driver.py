@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import coredis
 import coredis.exceptions
+import orjson
 import trio
 
 from ..._serialization import dumps, loads
@@ -201,6 +202,48 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
         )
     records.sort(key=lambda r: r.seq)
     return records
+
+
+def _claimed(r: list[Any]) -> ClaimedJob:
+    """One row of the claim script's JSON reply (see its ``taken``)."""
+    return ClaimedJob(
+        id=r[0],
+        run_id=r[1],
+        name=r[2],
+        queue=r[3],
+        payload=r[4],
+        tenant_id=r[5],
+        idempotency_key=r[6],
+        concurrency_key=r[7],
+        attempt=int(r[8]),
+        max_attempts=int(r[9]),
+        fence=Fence(r[10], int(r[11])),
+        created_at=float(r[12]),
+        run_at=float(r[13]),
+        lease_expires_at=float(r[14]),
+        actor=r[15],
+        trace_context=r[16],
+        promoted=r[17] == "1",
+        lapsed=r[18] == "1",
+        steps=[
+            StepRecord(
+                name=name,
+                status=data["status"],
+                seq=int(seq),
+                executions=int(data.get("executions") or 0),
+                output=data.get("output"),
+                error=data.get("error"),
+                error_code=data.get("error_code"),
+                wake_at=data.get("wake_at"),
+                event=data.get("event"),
+                since=data.get("since"),
+                deadline=data.get("deadline"),
+                started_at=data.get("started_at"),
+                ended_at=data.get("ended_at"),
+            )
+            for name, seq, data in sorted(r[19], key=lambda s: int(s[1]))
+        ],
+    )
 
 
 def _attempts_from(raw: Any) -> list[AttemptRecord]:
@@ -572,33 +615,7 @@ class RedisDriver:
         for queue, take in options.queues.items():
             args.extend([queue, str(int(take))])
         taken, buried, next_due = await self._script("claim", args)
-        jobs = []
-        for r in taken:
-            actor = _s(r[15])
-            trace = _s(r[16])
-            jobs.append(
-                ClaimedJob(
-                    id=_s(r[0]),
-                    run_id=_s(r[1]),
-                    name=_s(r[2]),
-                    queue=_s(r[3]),
-                    payload=loads(_s(r[4])),
-                    tenant_id=_s(r[5]) if r[5] is not None else None,
-                    idempotency_key=_s(r[6]),
-                    concurrency_key=_s(r[7]) if r[7] is not None else None,
-                    attempt=int(r[8]),
-                    max_attempts=int(_s(r[9])),
-                    fence=Fence(_s(r[10]), int(r[11])),
-                    created_at=float(_s(r[12])),
-                    run_at=float(_s(r[13])),
-                    lease_expires_at=float(_s(r[14])),
-                    actor=loads(actor) if actor else None,
-                    trace_context=loads(trace) if trace else None,
-                    promoted=_s(r[17]) == "1",
-                    lapsed=_s(r[18]) == "1",
-                    steps=_steps_from(r[19]),
-                )
-            )
+        jobs = [_claimed(r) for r in orjson.loads(_s(taken))]
         exhausted = [
             Exhausted(
                 id=_s(b[0]),
@@ -649,20 +666,20 @@ class RedisDriver:
             raise
 
     async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> list[bool]:
-        args = [str(len(batch))]
-        for job_id, options, again in batch:
-            args.extend(
-                (
-                    job_id,
-                    options.fence.worker_id,
-                    str(int(options.fence.claim)),
-                    _json_opt(options.result),
-                    _progress_opt(options.progress),
-                    _num(options.duration),
-                    again,
-                )
+        settles = [
+            (
+                job_id,
+                options.fence.worker_id,
+                str(int(options.fence.claim)),
+                _json_opt(options.result),
+                _progress_opt(options.progress),
+                _num(options.duration),
+                again,
             )
-        landed = await self._script("ack", args)
+            for job_id, options, again in batch
+        ]
+        # One argument, however many settles: the client's cost is per argument.
+        landed = await self._script("ack", [_json(settles)])
         return [bool(int(x)) for x in landed]
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:

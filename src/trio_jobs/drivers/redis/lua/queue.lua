@@ -173,6 +173,12 @@ local function fmt(x)
   return string.format('%.6f', x)
 end
 
+-- A string (or a missing value, as null) as JSON.
+local function jstr(v)
+  if v == nil or v == false then return 'null' end
+  return cjson.encode(v)
+end
+
 local function jobkey(id)
   return P .. ':job:' .. id
 end
@@ -938,10 +944,19 @@ while i <= #ARGV do
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           leased[#leased + 1] = fmt(le)
           leased[#leased + 1] = id
-          taken[#taken + 1] = {id, f[8] or false, f[9] or false, q, f[10] or false, f[11] or false,
-            f[12] or false, f[13] or false, att, f[14] or false, worker, claim, f[15] or false,
-            f[16] or false, fmt(le), f[17] or false, f[18] or false, f[5] or '0', f[6] or '0',
-            redis.call('HGETALL', P .. ':steps:' .. id)}
+          -- The row as JSON, its stored JSON (payload, actor, trace context,
+          -- step records) embedded as is: the driver parses the reply once.
+          local steps = {}
+          local flat = redis.call('HGETALL', P .. ':steps:' .. id)
+          for j = 1, #flat, 2 do
+            local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
+            steps[#steps + 1] = '[' .. cjson.encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
+          end
+          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jstr(q),
+            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), tostring(att), jstr(f[14]),
+            jstr(worker), jstr(tostring(claim)), jstr(f[15]), jstr(f[16]), jstr(fmt(le)),
+            f[17] or 'null', f[18] or 'null', jstr(f[5] or '0'), jstr(f[6] or '0'),
+            '[' .. table.concat(steps, ',') .. ']'}, ',') .. ']'
         end
       end
     end
@@ -967,40 +982,49 @@ local function earlier(zkey)
 end
 for _, q in ipairs(open_queues) do earlier(P .. ':sched:' .. q) end
 earlier(P .. ':running')
-return {taken, exhausted, next_due and fmt(next_due) or ''}
+return {'[' .. table.concat(taken, ',') .. ']', exhausted, next_due and fmt(next_due) or ''}
 
 -- name: ack
--- The fenced completions of many slots, one call (the settle combiner):
--- ARGV[A] the count, then per settle its row's id, the fence (worker, claim),
--- the result, the progress, the duration and `again`. Each row ends done with
+-- The fenced completions of many slots, one call (the settle combiner): per
+-- settle its row's id, the fence (worker, claim), the result, the progress,
+-- the duration and `again`. Each row ends done with
 -- its result; its live key and concurrency slots are freed and the done
 -- counter moves, all here. The row keeps the claim that settled it ('sc');
 -- `again` = '1' is the retry of an ack whose reply never came (see
 -- settled_by). Answers 1 (landed) or 0 per settle, in order.
-local n = whole(ARGV[A])
-fault = (n == nil or n < 0) and 'the count must be a whole number' or nil
-if not fault and #ARGV ~= A + 7 * n then fault = 'the settles do not add up' end
-for r = 0, (fault and 0 or n) - 1 do
-  local b = A + 1 + 7 * r
-  fault = fault or first(need(ARGV[b], 'job_id'), need(ARGV[b + 1], 'worker_id'),
-    need_whole(ARGV[b + 2], 'the claim'), need_opt(ARGV[b + 3], 'the result'),
-    need_opt(ARGV[b + 4], 'the progress'), need_duration_opt(ARGV[b + 5], 'the duration'),
-    need_flag(ARGV[b + 6], 'again'))
+-- The settles come as one JSON argument (ARGV[A]): an array of 7-string arrays.
+local ok, acks = pcall(cjson.decode, ARGV[A] or '')
+fault = (not ok or type(acks) ~= 'table') and 'the settles must be a JSON array' or nil
+if not fault and #ARGV ~= A then fault = 'extra arguments after the settles' end
+for r = 1, (fault and 0 or #acks) do
+  local a = acks[r]
+  if type(a) ~= 'table' or #a ~= 7 then
+    fault = fault or ('settle ' .. r .. ' must be 7 strings')
+  else
+    for j = 1, 7 do
+      if type(a[j]) ~= 'string' then fault = fault or ('settle ' .. r .. ' must be 7 strings') end
+    end
+    fault = fault or first(need(a[1], 'job_id'), need(a[2], 'worker_id'),
+      need_whole(a[3], 'the claim'), need_opt(a[4], 'the result'),
+      need_opt(a[5], 'the progress'), need_duration_opt(a[6], 'the duration'),
+      need_flag(a[7], 'again'))
+  end
 end
 if fault then return refuse('X_INVARIANT', fault) end
+local n = #acks
 local out = {}
 local gone = {}      -- rows out of the running set
 local ended = {}     -- queue -> {score, id, ...} for its done set
 local settled = {}   -- queue -> rows that left running
 local counted = {}   -- job name -> {settles, summed duration or nil, queue}
 for r = 0, n - 1 do
-  local b = A + 1 + 7 * r
-  local id, worker, claim = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-  local res, pg, dur = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local a = acks[r + 1]
+  local id, worker, claim = a[1], a[2], a[3]
+  local res, pg, dur = a[4], a[5], a[6]
   local jk = jobkey(id)
   local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl')
   if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
-    if ARGV[b + 6] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
+    if a[7] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
   else
     local q, name = f[5], f[6]
     gone[#gone + 1] = id
