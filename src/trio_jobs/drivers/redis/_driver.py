@@ -4,9 +4,10 @@ Trio with no bridge).
 Same semantics as the memory driver (the reference). Every change that touches
 more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
 ``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
-reap included), each settle one fenced call that also moves the counters and
-frees the row's key and concurrency slots, ``heartbeat`` one call for every held
-row. Due times and leases are decided with the server's clock (``TIME`` inside
+reap included), the acks of every slot one fenced call a batch (the settle
+combiner, ``_combine.py``) that also moves the counters and frees the rows' keys
+and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
+held row. The operator surface is ``_introspect.py`` (``lua/operate.lua``). Due times and leases are decided with the server's clock (``TIME`` inside
 the scripts); a test may pass a ``clock`` whose now is sent with every call
 instead.
 """
