@@ -717,6 +717,7 @@ class RedisDriver:
                 nack_outcome(options),
                 options.error_code or "",
                 first_line(options.last_error) or "",
+                "1" if options.wait_children else "0",
             ],
         )
         if not int(landed[0]):
@@ -959,12 +960,21 @@ class _RedisSteps:
         self._d = driver
 
     async def children(self, ids: Sequence[str]) -> list[ChildState]:
-        raise JobsError(
-            ErrorCode.X_NOT_IMPLEMENTED,
-            "the Redis driver does not run child jobs yet (step.invoke/step.gather need a "
-            "child's settle to count down its parent in the settle's own script); use the "
-            "memory or PostgreSQL driver for them",
-        )
+        """The children's states, one script call; an id no row holds (removed,
+        or expired) reads as ``cancelled``."""
+        d = self._d
+        if not ids:
+            d.client  # noqa: B018 — a closed driver refuses even an empty call
+            return []
+        out: list[ChildState] = []
+        for job_id, row in zip(ids, await d._script("children", list(ids)), strict=True):
+            if not row:
+                out.append(ChildState(job_id, "cancelled", None, ErrorCode.X_ABORTED))
+                continue
+            result = loads(_s(row[1])) if row[1] else None
+            code = _s(row[2]) if row[2] else None
+            out.append(ChildState(job_id, _s(row[0]), result, code))  # type: ignore[arg-type]
+        return out
 
     async def load(self, job_id: str) -> list[StepRecord]:
         d = self._d

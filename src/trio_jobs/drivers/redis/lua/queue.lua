@@ -220,11 +220,30 @@ local function index(jk, id, q)
   end
 end
 
+-- A child (step.invoke/step.gather: its 'par') left the live states: its
+-- parent counts it down ('kp', once per child: 'cs'), and the last one makes
+-- a parent suspended on its children ('wc') due at once.
+local function child_settled(jk, par)
+  if not par then return end
+  if redis.call('HSETNX', jk, 'cs', 1) == 0 then return end
+  local pk = jobkey(par)
+  if redis.call('EXISTS', pk) == 0 then return end
+  if redis.call('HINCRBY', pk, 'kp', -1) > 0 then return end
+  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q')
+  if f[1] == 'suspended' and f[2] == '1' and tonumber(f[3]) > NOW then
+    redis.call('ZREM', P .. ':sched:' .. f[4], par)
+    redis.call('HSET', pk, 'run', fmt(NOW), 'upd', fmt(NOW))
+    index(pk, par, f[4])
+    redis.call('PUBLISH', P .. ':wake', f[4])
+  end
+end
+
 -- A row leaves the live states: its live key is free again. A row enqueued
 -- with unique_for= ('un') is remembered as its key's newest settled row
--- (P:uniq:<live key>), for as long as a settled row is kept.
+-- (P:uniq:<live key>), for as long as a settled row is kept; a child counts
+-- down its parent.
 local function free_key(jk, id)
-  local f = redis.call('HMGET', jk, 'lf', 'un')
+  local f = redis.call('HMGET', jk, 'lf', 'un', 'par')
   local lf = f[1]
   if lf and redis.call('HGET', P .. ':live', lf) == id then
     redis.call('HDEL', P .. ':live', lf)
@@ -232,6 +251,7 @@ local function free_key(jk, id)
       redis.call('SET', P .. ':uniq:' .. lf, id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
     end
   end
+  child_settled(jk, f[3])
 end
 
 local function parse_lease(v)
@@ -505,7 +525,13 @@ local function insert_row(i)
   -- The operator surface's indexes: by creation (list), by id (prefixes).
   redis.call('ZADD', P .. ':all', fmt(NOW), id)
   redis.call('ZADD', P .. ':ids', 0, id)
-  if par ~= '' then redis.call('RPUSH', P .. ':kids:' .. opt(par), id) end
+  if par ~= '' then
+    -- A child: its parent lists it and counts it live (see child_settled).
+    redis.call('RPUSH', P .. ':kids:' .. opt(par), id)
+    if redis.call('EXISTS', jobkey(opt(par))) == 1 then
+      redis.call('HINCRBY', jobkey(opt(par)), 'kp', 1)
+    end
+  end
   count(q, st, 1)
   index(jk, id, q)
   if st == 'ready' then return q end
@@ -940,7 +966,7 @@ while i <= #ARGV do
           log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
           redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
             'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
-          redis.call('HDEL', jk, 'rm', 'we', 'bk')
+          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           leased[#leased + 1] = fmt(le)
           leased[#leased + 1] = id
@@ -1022,7 +1048,7 @@ for r = 0, n - 1 do
   local id, worker, claim = a[1], a[2], a[3]
   local res, pg, dur = a[4], a[5], a[6]
   local jk = jobkey(id)
-  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl')
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par')
   if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
     if a[7] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
   else
@@ -1059,6 +1085,7 @@ for r = 0, n - 1 do
         redis.call('SET', P .. ':uniq:' .. f[7], id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
       end
     end
+    if f[11] then child_settled(jk, f[11]) end
     if f[10] then release_leases(id) end
     -- terminal(), with the sets written once per queue below.
     local e = ended[q] or {}
@@ -1100,7 +1127,7 @@ fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
   need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
   need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
-  need_str(ARGV[A + 18], 'the error line'))
+  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'))
 if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
@@ -1152,6 +1179,13 @@ if busy and st == 'ready' then
   else
     run_at = NOW
   end
+end
+if ARGV[A + 19] == '1' then
+  -- Suspended on its children: due at once when none is live as it lands.
+  redis.call('HSET', jk, 'wc', 1)
+  if (tonumber(redis.call('HGET', jk, 'kp')) or 0) <= 0 then run_at = NOW end
+else
+  redis.call('HDEL', jk, 'wc')
 end
 redis.call('HSET', jk, 'run', fmt(run_at))
 if we ~= '' then
@@ -1246,6 +1280,16 @@ for r = 1, n do
     local f = redis.call('HMGET', jk, 'st', 'w')
     if f[1] == 'cancelled' and not f[2] then out[r] = 'cancelled' else out[r] = 'lost' end
   end
+end
+return out
+
+-- name: children
+-- The rows ARGV[A ..] (a parent's children), in order: {state, result or
+-- false, error code or false}, or {} for an id no row holds.
+local out = {}
+for i = A, #ARGV do
+  local f = redis.call('HMGET', jobkey(ARGV[i]), 'st', 'rs', 'ec')
+  if f[1] then out[#out + 1] = {f[1], f[2] or false, f[3] or false} else out[#out + 1] = {} end
 end
 return out
 
