@@ -150,3 +150,62 @@ def test_the_dashboard_serves_a_redis_driver(redis_url: str, redis_prefix: str) 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+WORKER_MODULE = """
+import attrs
+from trio_jobs import JobContext, job
+
+
+@attrs.frozen
+class Order:
+    key: str
+
+
+@job(input=Order, tenant="none", idempotency_key=lambda o: o.key, name="redis.cli.order")
+async def order(ctx: JobContext[Order]) -> str:
+    return "shipped " + ctx.input.key
+"""
+
+
+def test_trio_jobs_worker_serves_a_redis_queue(
+    redis_url: str, redis_prefix: str, tmp_path: Any
+) -> None:
+    (tmp_path / "redis_cli_jobs.py").write_text(WORKER_MODULE)
+    now, _later = _seed(redis_url, redis_prefix)
+    base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trio_jobs.cli",
+            "worker",
+            "redis_cli_jobs",
+            "--database-url",
+            _url(redis_url, redis_prefix),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base,
+    )
+    try:
+
+        async def settled() -> Any:
+            async with open_jobs(
+                redis_driver(redis_url, prefix=redis_prefix), jobs=[order]
+            ) as jobs:
+                with trio.fail_after(30):
+                    # another process settles it: polled, as an operator would
+                    while (view := await jobs.show(now)).state != "done":  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                return view
+
+        view = trio.run(settled)
+        assert view.result == "shipped now"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
