@@ -15,7 +15,13 @@ Parts (``--only``):
     gathered 500 at a time), then one worker timed from its start until the
     last job settled. trio-jobs over a concurrency sweep; arq with burst mode
     at ``max_jobs`` 50 and 200 and ``poll_delay`` 0.01 s (at its defaults, 10
-    jobs and 0.5 s, arq reads at most 10 jobs per poll: about 20 jobs/s).
+    jobs and 0.5 s, arq reads at most 10 jobs per poll: about 20 jobs/s). In
+    the same rounds, trio-jobs' PostgreSQL driver runs the same no-op job on
+    ``--pg-dsn`` (else ``$DATABASE_URL``; ``--pg-dsn ''`` leaves it out) at its
+    best setting of ``python -m benchmarks postgres`` (concurrency 1024), so
+    the Redis driver is compared with it in one run. The worker's CPU per job
+    (``time.process_time``) is printed beside each trio-jobs rate: it does not
+    move with a noisy neighbour as wall time does.
 ``pickup``
     An idle worker; a second client (its own connection pool, as another
     process has) enqueues one job at a time, 300 ms apart; latency is from just
@@ -53,7 +59,9 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: The peer, pinned so a rerun measures the same code (override with the env var).
 ARQ_SPEC = os.environ.get("BENCH_ARQ", "arq==0.28.0")
 
-TJ_CONCURRENCY = (64, 256)
+TJ_CONCURRENCY = (256, 1024)
+#: The PostgreSQL driver's concurrency (its best in `python -m benchmarks postgres`).
+PG_CONCURRENCY = 1024
 #: (max_jobs, poll_delay) for arq's throughput runs.
 ARQ_THROUGHPUT = ((50, 0.01), (200, 0.01))
 #: poll_delay for arq's pickup runs: its default, then a tight poll.
@@ -96,24 +104,44 @@ async def _delete_prefix(url: str, pattern: str) -> None:
             await client.delete(batch)
 
 
-async def _tj_throughput_once(url: str, n: int, concurrency: int) -> float:
+async def _tj_throughput_once(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """One timed run: jobs/s, and the worker's CPU µs per job."""
+    from .postgres import _Settles
+
     prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
     try:
-        async with open_jobs(redis_driver(url, prefix=prefix), jobs=[redis_noop]) as jobs:
+        driver = redis_driver(url, prefix=prefix)
+        async with open_jobs(driver, jobs=[redis_noop]) as jobs:
             for start in range(0, n, 10_000):
                 await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
+            settles = _Settles(driver, n)
             worker = Worker(jobs, concurrency=concurrency)
             async with trio.open_nursery() as nursery:
+                cpu0 = time.process_time()
                 started = time.perf_counter()
                 await nursery.start(worker.run)
                 with trio.fail_after(600):
-                    while worker.stats().done < n:  # noqa: ASYNC110 — the worker's own count
-                        await trio.sleep(0.001)
-                elapsed = time.perf_counter() - started
+                    await settles.done.wait()
+                elapsed = settles.finished_at - started
+                cpu = time.process_time() - cpu0
                 await worker.drain()
+            done = sum(s.done for s in await jobs.stats())
+            if done != n:
+                raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
     finally:
         await _delete_prefix(url, f"{prefix}:*")
-    return n / elapsed
+    return n / elapsed, cpu / n * 1e6
+
+
+def _pg_throughput_once(dsn: str, n: int) -> tuple[float, float]:
+    """The PostgreSQL driver's no-op run, as ``python -m benchmarks postgres``
+    times it (its own database, dropped afterwards)."""
+    from . import postgres
+
+    server = postgres.Server(dsn)
+    with server.database("redis_peer") as db:
+        rate = postgres.tj_throughput(server, db, postgres.pg_noop, n, PG_CONCURRENCY)
+    return rate, float(postgres.LAST_CPU["worker"] or 0.0)
 
 
 async def _tj_pickup_once(url: str, samples: int, interval: float) -> list[float]:
@@ -275,6 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--only", action="append", choices=PARTS)
+    parser.add_argument(
+        "--pg-dsn",
+        default=os.environ.get("DATABASE_URL", ""),
+        help="the PostgreSQL server the PostgreSQL driver's same-run figure uses "
+        "(default $DATABASE_URL; '' leaves it out)",
+    )
     args = parser.parse_args(argv)
     parts = args.only or list(PARTS)
     arq = Arq()
@@ -289,13 +323,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"redis: {info}; coredis {coredis.__version__}; arq {arq.version}")
     print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
     rows: list[str] = []
+    ratios: list[str] = []
     if "throughput" in parts:
         tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        tj_cpu: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
+        pg: list[float] = []
+        pg_cpu: list[float] = []
         peer: dict[tuple[int, float], list[float]] = {c: [] for c in ARQ_THROUGHPUT}
         for run in range(args.runs):
             print(f"throughput round {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
             for c in TJ_CONCURRENCY:
-                tj[c].append(trio.run(_tj_throughput_once, args.url, args.jobs, c))
+                rate, cpu = trio.run(_tj_throughput_once, args.url, args.jobs, c)
+                tj[c].append(rate)
+                tj_cpu[c].append(cpu)
+            if args.pg_dsn:
+                rate, cpu = _pg_throughput_once(args.pg_dsn, args.jobs)
+                pg.append(rate)
+                pg_cpu.append(cpu)
             for max_jobs, poll in ARQ_THROUGHPUT:
                 got = arq.run(
                     args.url,
@@ -310,13 +354,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c, rates in tj.items():
             rows.append(
                 f"| no-op jobs/s, {args.jobs:,} jobs | trio-jobs (Redis driver), concurrency {c} "
-                f"| **{_median(rates):,.0f}** | {min(rates):,.0f} to {max(rates):,.0f} |"
+                f"| **{_median(rates):,.0f}** | {min(rates):,.0f} to {max(rates):,.0f}; "
+                f"worker CPU {_median(tj_cpu[c]):,.0f} µs a job |"
+            )
+        if pg:
+            rows.append(
+                f"| no-op jobs/s, {args.jobs:,} jobs | trio-jobs (PostgreSQL driver), "
+                f"concurrency {PG_CONCURRENCY} | **{_median(pg):,.0f}** | "
+                f"{min(pg):,.0f} to {max(pg):,.0f}; worker CPU {_median(pg_cpu):,.0f} µs a job |"
             )
         for (max_jobs, poll), rates in peer.items():
             rows.append(
                 f"| no-op jobs/s, {args.jobs:,} jobs | arq {arq.version}, max_jobs {max_jobs}, "
                 f"poll_delay {poll} s | **{_median(rates):,.0f}** | "
                 f"{min(rates):,.0f} to {max(rates):,.0f} |"
+            )
+        best = max(_median(r) for r in tj.values())
+        ratios.append(
+            f"Redis driver's best / arq's best: **{best / max(_median(r) for r in peer.values()):.2f}x** (target 3x or more)"
+        )
+        if pg:
+            ratios.append(
+                f"Redis driver's best / PostgreSQL driver: **{best / _median(pg):.2f}x** (target 1.5x or more)"
             )
     if "pickup" in parts:
         tj_lat: list[float] = []
@@ -349,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---:|---|")
     for row in rows:
         print(row)
+    print()
+    for line in ratios:
+        print(f"- {line}")
     return 0
 
 

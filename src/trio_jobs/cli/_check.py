@@ -239,6 +239,17 @@ def check(
         if not database_url.strip():
             # An empty DSN would fall back to $DATABASE_URL, which check never reads.
             refuse(_usage("--database-url is empty; give a PostgreSQL URL"), as_json, EXIT_USAGE)
+        from ._common import is_redis_url
+
+        if is_redis_url(database_url):
+            refuse(
+                _usage(
+                    "--database-url names a Redis server; check runs its crash runs on "
+                    "PostgreSQL (give a postgresql:// URL) or on the memory driver (leave it out)"
+                ),
+                as_json,
+                EXIT_USAGE,
+            )
         from ..drivers.postgres import postgres_driver
 
         driver = postgres_driver(database_url)

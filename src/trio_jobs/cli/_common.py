@@ -26,6 +26,7 @@ __all__ = [
     "refusal_text",
     "refuse",
     "require_web",
+    "is_redis_url",
     "resolve_database",
     "run",
 ]
@@ -50,32 +51,104 @@ def common_options(fn: F) -> F:
         "database_url",
         default=None,
         metavar="DSN",
-        help="Any connection string psycopg accepts. Default: $DATABASE_URL, else the "
-        "embedded PostgreSQL under ./.trio-jobs/ (started on demand).",
+        help="Any connection string psycopg accepts, or a redis:// (rediss://) URL for "
+        "the Redis driver (?prefix= names its key prefix). Default: $DATABASE_URL, else "
+        "the embedded PostgreSQL under ./.trio-jobs/ (started on demand).",
     )(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
     return fn
 
 
+#: The URL schemes that select the Redis driver.
+REDIS_SCHEMES = ("redis://", "rediss://")
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether ``url`` names a Redis server (``redis://`` or ``rediss://``)."""
+    return url.strip().lower().startswith(REDIS_SCHEMES)
+
+
 class Database:
     """Where a command's database came from (never the DSN itself: it may hold a
-    password)."""
+    password), and which driver it takes: ``"postgres"`` or ``"redis"``."""
 
-    def __init__(self, dsn: str, source: str) -> None:
+    def __init__(self, dsn: str, source: str, kind: str = "postgres") -> None:
         self.dsn = dsn
         self.source = source
+        self.kind = kind
+
+    def driver(self, **postgres: Any) -> Any:
+        """The driver for this database (no I/O): ``postgres_driver(dsn,
+        **postgres)``, or for a Redis URL ``redis_driver(url, prefix=...)`` with
+        the prefix its ``?prefix=`` query names (``trio_jobs`` without one)."""
+        if self.kind == "redis":
+            from ..drivers.redis import redis_driver
+
+            if postgres:
+                names = ", ".join(sorted(postgres))
+                raise config_error(
+                    f"{names} applies to PostgreSQL only; {self.source} names a Redis "
+                    "database: drop the option or point it at PostgreSQL"
+                )
+
+            url, prefix = redis_url_and_prefix(self.dsn, self.source)
+            return redis_driver(url, prefix=prefix)
+        from ..drivers.postgres import postgres_driver
+
+        return postgres_driver(self.dsn, **postgres)
 
 
-async def resolve_database(url: str | None) -> Database:
+def redis_url_and_prefix(url: str, source: str) -> tuple[str, str]:
+    """A Redis URL without its ``prefix`` query parameter, and that prefix
+    (``trio_jobs`` when absent). Refused, without echoing the URL, when the
+    prefix is given twice or empty."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        raise config_error(
+            f"{source} does not parse as a Redis URL; pass redis://[:password@]host:port/db"
+        ) from None
+    prefixes = [v for k, v in query if k == "prefix"]
+    if len(prefixes) > 1 or (prefixes and not prefixes[0]):
+        raise config_error(
+            f"{source} must name at most one non-empty ?prefix= (the driver's key prefix)"
+        )
+    rest = [(k, v) for k, v in query if k != "prefix"]
+    clean = urlunsplit(parts._replace(query=urlencode(rest)))
+    return clean, prefixes[0] if prefixes else "trio_jobs"
+
+
+def _resolved(url: str, source: str) -> Database:
+    if is_redis_url(url):
+        redis_url_and_prefix(url, source)  # refused here, before any I/O
+        return Database(url.strip(), source, "redis")
+    return Database(_checked(url, source), source)
+
+
+async def resolve_database(url: str | None, *, redis: bool = True) -> Database:
     """``--database-url``, else ``$DATABASE_URL``, else the embedded server under
-    ``./.trio-jobs/`` (started when it is not running)."""
+    ``./.trio-jobs/`` (started when it is not running). A ``redis://`` or
+    ``rediss://`` URL selects the Redis driver; ``redis=False`` (a command that
+    needs PostgreSQL) refuses one."""
+    found: Database | None = None
     if url is not None:
         # An explicit flag is used as given: an empty one is refused, never
         # taken for "unset" (that would quietly open another database).
-        return Database(_checked(url, "--database-url"), "--database-url")
-    env = os.environ.get("DATABASE_URL")
-    if env:
-        return Database(_checked(env, "$DATABASE_URL"), "$DATABASE_URL")
+        found = _resolved(url, "--database-url")
+    else:
+        env = os.environ.get("DATABASE_URL")
+        if env:
+            found = _resolved(env, "$DATABASE_URL")
+    if found is not None:
+        if found.kind == "redis" and not redis:
+            raise config_error(
+                f"{found.source} names a Redis server, and this command needs PostgreSQL; "
+                "pass a postgresql:// URL (or leave it out for the embedded server)"
+            )
+        return found
     from ..drivers.postgres._embedded import DEFAULT_ROOT, embedded_dsn
 
     root = Path.cwd() / DEFAULT_ROOT

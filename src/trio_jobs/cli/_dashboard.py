@@ -87,7 +87,6 @@ async def serve_dashboard(
 ) -> None:
     """Open the facade on the database and serve until SIGINT/SIGTERM."""
     from .. import open_jobs
-    from ..drivers.postgres import postgres_driver
     from ..web import serve
     from ..web._security import is_loopback_host
 
@@ -100,7 +99,7 @@ async def serve_dashboard(
         )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         db = await resolve_database(database_url)
-        async with open_jobs(postgres_driver(db.dsn)) as jobs, trio.open_nursery() as nursery:
+        async with open_jobs(db.driver()) as jobs, trio.open_nursery() as nursery:
             urls = await nursery.start(
                 lambda task_status: serve(
                     jobs,

@@ -41,7 +41,7 @@ async def run_example(
         raise JobsError(ErrorCode.X_CONFIG_INVALID, "--orgs must be 1 or more")
     ids_source = UuidSource()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        db = await resolve_database(database_url)
+        db = await resolve_database(database_url, redis=False)
         log_event(logging.INFO, "jobs.dev.database", database=db.source)
         async with open_jobs(postgres_driver(db.dsn), jobs=onboarding.jobs) as jobs:
             async with jobs.transaction():

@@ -194,20 +194,28 @@ def migrate(as_json: bool, database_url: str | None) -> None:
     from ..drivers.postgres import SCHEMA_VERSION
     from ..drivers.postgres import migrate as apply
 
-    async def go() -> tuple[list[int], str]:
+    async def go() -> tuple[list[int], str, int]:
         db = await resolve_database(database_url)
-        return await apply(db.dsn), db.source
+        if db.kind == "redis":
+            # The Redis driver upgrades its key space when it opens: open it.
+            from ..drivers.redis import SCHEMA_VERSION as REDIS_VERSION
 
-    applied, source = run(go, as_json=as_json)
+            driver = db.driver()
+            await driver.open()
+            await driver.close()
+            return [], db.source, REDIS_VERSION
+        return await apply(db.dsn), db.source, SCHEMA_VERSION
+
+    applied, source, version = run(go, as_json=as_json)
     if as_json:
-        _echo_json({"ok": True, "applied": applied, "version": SCHEMA_VERSION, "database": source})
+        _echo_json({"ok": True, "applied": applied, "version": version, "database": source})
     elif applied:
         click.echo(
-            f"migrated to version {SCHEMA_VERSION} (applied {', '.join(map(str, applied))}); "
+            f"migrated to version {version} (applied {', '.join(map(str, applied))}); "
             f"database: {source}"
         )
     else:
-        click.echo(f"up to date at version {SCHEMA_VERSION}; database: {source}")
+        click.echo(f"up to date at version {version}; database: {source}")
 
 
 # --------------------------------------------------------------------------- worker

@@ -384,11 +384,10 @@ async def open_operator(database_url: str | None) -> AsyncIterator[Jobs]:
     """The facade over the resolved database (migrated on open). No job module is
     imported: the operator surface needs none."""
     from .._facade import open_jobs
-    from ..drivers.postgres import postgres_driver
     from ._common import resolve_database
 
     db = await resolve_database(database_url)
-    async with open_jobs(postgres_driver(db.dsn, pool_size=2)) as jobs:
+    async with open_jobs(db.driver(pool_size=2)) as jobs:
         yield jobs
 
 

@@ -222,7 +222,6 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
     drain never returns: the process exits ``EXIT_ABANDONED`` at once. ``link``:
     the supervisor's, when this process is one of ``--processes N``."""
     from .. import Retention, Worker, open_jobs
-    from ..drivers.postgres import postgres_driver
 
     # Installed before anything slow: a SIGTERM during startup drains, never kills.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -231,7 +230,8 @@ async def serve(opts: WorkerOptions, link: ChildLink | None = None) -> dict[str,
         listen = opts.listen_database_url
         if listen is not None:
             listen = _checked(listen, "--listen-database-url")
-        async with open_jobs(postgres_driver(db.dsn, listen_dsn=listen), jobs=handles) as jobs:
+        driver = db.driver() if listen is None else db.driver(listen_dsn=listen)
+        async with open_jobs(driver, jobs=handles) as jobs:
             queues = opts.queues
             if queues is None and isinstance(opts.concurrency, dict):
                 queues = list(opts.concurrency)

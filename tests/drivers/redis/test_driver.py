@@ -347,18 +347,88 @@ async def test_a_settled_row_expires_after_its_retention(redis_url: str, redis_p
 
 async def test_capabilities_declared(driver: RedisDriver) -> None:
     assert driver.leases is not None
-    assert driver.introspect is None
+    assert driver.introspect is not None
     assert driver.wake is not None
 
 
-async def test_the_operator_surface_answers_not_implemented(
+async def test_the_operator_surface_answers_through_the_facade(
     redis_url: str, redis_prefix: str
 ) -> None:
     async with open_jobs(redis_driver(redis_url, prefix=redis_prefix), jobs=[item_job]) as jobs:
         with pytest.raises(JobsError) as err:
             await jobs.show(str(uuid.uuid4()))
-        assert err.value.code == "X_NOT_IMPLEMENTED"
-        assert await jobs.stats() == []
+        assert err.value.code == "X_JOB_NOT_FOUND"
+        queued = await item_job.enqueue(Item("shown"), delay=60)
+        view = await jobs.show(queued.id[:8])  # a prefix resolves through P:ids
+        assert (view.id, view.state, view.name) == (queued.id, "delayed", item_job.name)
+        assert [r.id for r in (await jobs.list()).rows] == [queued.id]
+        assert (await jobs.promote(queued.id)).state == "ready"
+        assert (await jobs.cancel(queued.id, reason="no")).state == "cancelled"
+        assert (await jobs.requeue(queued.id)).state == "ready"
+        await jobs.remove(queued.id)
+        assert (await jobs.list()).rows == []
+        assert sum(s.ready for s in await jobs.stats()) == 0
+
+
+async def test_a_version_1_key_space_is_upgraded_in_place(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Rows written under key-schema version 1 had no operator indexes: opening
+    a version-2 driver indexes them, so list and id prefixes find them."""
+    d = redis_driver(redis_url, prefix=redis_prefix)
+    await d.open()
+    try:
+        ids = [r.id for r in await d.enqueue_many([req(f"old{i}") for i in range(3)])]
+    finally:
+        await d.close()
+    async with raw(redis_url) as client:
+        await client.delete([f"{redis_prefix}:all", f"{redis_prefix}:ids"])
+        await client.set(f"{redis_prefix}:schema", "1")
+    d = redis_driver(redis_url, prefix=redis_prefix)
+    await d.open()
+    try:
+        assert d.introspect is not None
+        from trio_jobs.drivers import ListFilter
+
+        listed = {v.id for v in (await d.introspect.list(ListFilter())).rows}
+        assert listed == set(ids)
+        assert await d.introspect.resolve_id(ids[0][:13]) == ids[0]
+    finally:
+        await d.close()
+    async with raw(redis_url) as client:
+        assert await client.get(f"{redis_prefix}:schema") == str(SCHEMA_VERSION)
+
+
+async def test_debounce_and_unique_for_in_a_transaction(driver: RedisDriver) -> None:
+    """A transaction stages debounced inputs as deduped onto the live row (its
+    commit moves it with the last input) and a unique key's settled row."""
+    first = (await driver.enqueue_many([req("deb", debounce=5.0)]))[0]
+    async with driver.transaction() as tx:
+        again = (await tx.enqueue_many([attrs.evolve(req("deb", debounce=5.0), payload={"v": 2})]))[
+            0
+        ]
+        staged = await tx.enqueue_many(
+            [
+                attrs.evolve(req("deb2", debounce=5.0), payload={"v": 1}),
+                attrs.evolve(req("deb2", debounce=5.0), payload={"v": 3}),
+            ]
+        )
+    assert again.deduped
+    assert again.id == first.id
+    assert [r.deduped for r in staged] == [False, True]
+    intro = driver.introspect
+    assert intro is not None
+    assert (await intro.show(first.id)).payload == {"v": 2}
+    assert (await intro.show(staged[0].id)).payload == {"v": 3}
+    assert (await intro.show(staged[0].id)).state == "delayed"
+    unique = (await driver.enqueue_many([req("uq", unique_for=60.0)]))[0]
+    got = (await driver.claim(_claim({"default": 10}))).jobs
+    (held,) = [j for j in got if j.id == unique.id]
+    assert await driver.ack(held.id, AckOptions(fence=held.fence))
+    async with driver.transaction() as tx:
+        inside = (await tx.enqueue_many([req("uq", unique_for=60.0)]))[0]
+    assert inside.deduped
+    assert inside.id == unique.id
 
 
 @job(
@@ -429,17 +499,29 @@ async def test_many_runs_queue_behind_few_keys(redis_url: str, redis_prefix: str
     await check_many_runs_queue_behind_few_keys(redis_driver(redis_url, prefix=redis_prefix))
 
 
-@pytest.mark.parametrize("field", ["debounce", "unique_for"])
-async def test_debounce_and_unique_for_are_refused_until_implemented(
-    driver: RedisDriver, field: str
-) -> None:
-    """Not in the Redis scripts yet: X_NOT_IMPLEMENTED naming the field, nothing
-    written (never a silent plain enqueue), outside and inside a transaction."""
+async def test_concurrent_acks_share_one_script_call(driver: RedisDriver) -> None:
+    """The settle combiner: acks of many slots in flight together go out in
+    one script call, each answered on its own (a stale fence in the batch is
+    refused alone); a bad duration is refused before it joins a batch."""
+    await driver.enqueue_many([req(f"a{i}") for i in range(40)])
+    held = (await driver.claim(_claim({"default": 40}))).jobs
+    assert len(held) == 40
+    stale = attrs.evolve(held[0].fence, claim=held[0].fence.claim + 10_000)
+    answers: dict[str, bool] = {}
+    before = driver._acker.flushes
+
+    async def settle(i: int) -> None:
+        fence = stale if i == 0 else held[i].fence
+        answers[held[i].id] = await driver.ack(held[i].id, AckOptions(fence=fence, result=i))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(settle, i)
+    assert driver._acker.flushes - before <= 2  # the first may go alone, the rest together
+    assert answers[held[0].id] is False
+    assert all(answers[j.id] for j in held[1:])
     with pytest.raises(JobsError) as err:
-        await driver.enqueue_many([req("k"), req("k2", **{field: 5.0})])
-    assert err.value.code == "X_NOT_IMPLEMENTED"
-    assert field in err.value.message
-    async with driver.transaction() as tx:
-        with pytest.raises(JobsError):
-            await tx.enqueue_many([req("k3", **{field: 5.0})])
-    assert sum(s.ready + s.delayed for s in await driver.stats()) == 0
+        await driver.ack(held[0].id, AckOptions(fence=held[0].fence, duration=float("nan")))
+    assert err.value.code == "X_INVARIANT"
+    assert await driver.ack(held[0].id, AckOptions(fence=held[0].fence, result=0))
+    assert sum(s.done for s in await driver.stats()) == 40

@@ -5,9 +5,10 @@
 
 Built on coredis (anyio-native: it runs on Trio with no bridge). Every change
 that touches more than one key is one Lua script. It ships a fleet-wide lease
-store (jobs may declare ``concurrency``) and no operator surface:
-``jobs.show``/``list``/``cancel``/... answer ``X_NOT_IMPLEMENTED``. What it keeps
-across a Redis restart is what Redis keeps: see docs/how-to/redis-driver.md.
+store (jobs may declare ``concurrency``) and the operator surface
+(``jobs.show``/``list``/``cancel``/..., the CLI and the dashboard: a
+``redis://`` URL selects it). What it keeps across a Redis restart is what
+Redis keeps: see docs/how-to/redis-driver.md.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ Trio with no bridge).
 Same semantics as the memory driver (the reference). Every change that touches
 more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
 ``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
-reap included), each settle one fenced call that also moves the counters and
-frees the row's key and concurrency slots, ``heartbeat`` one call for every held
-row. Due times and leases are decided with the server's clock (``TIME`` inside
+reap included), the acks of every slot one fenced call a batch (the settle
+combiner, ``_combine.py``) that also moves the counters and frees the rows' keys
+and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
+held row. The operator surface is ``_introspect.py`` (``lua/operate.lua``). Due times and leases are decided with the server's clock (``TIME`` inside
 the scripts); a test may pass a ``clock`` whose now is sent with every call
 instead.
 """
@@ -21,8 +22,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import coredis
 import coredis.exceptions
+import orjson
 import trio
 
 from ..._serialization import dumps, loads
@@ -60,6 +63,8 @@ from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
+from ._combine import Combiner
+from ._introspect import RedisIntrospection
 from ._tasks import RedisTasks
 from ._wake import RedisWake
 
@@ -68,8 +73,9 @@ __all__ = ["SCHEMA_VERSION", "RedisDriver"]
 logger = logging.getLogger("trio_jobs.redis")
 
 #: The layout of the keys this driver writes. Stored under ``<prefix>:schema``
-#: on first open; a driver speaking another version refuses to open.
-SCHEMA_VERSION = 1
+#: on first open; a driver speaking another version refuses to open, except
+#: that version 1's keys are upgraded in place (see ``_upgrade``).
+SCHEMA_VERSION = 2
 #: The most settles remembered as possibly landed (their call raised) until the
 #: same claim settles again; the oldest is forgotten first.
 UNSURE_KEPT = 10_000
@@ -81,6 +87,8 @@ _LAPSE_MESSAGE = (
 )
 
 _TERMINAL_FIELDS = ("done", "failed", "dead", "cancelled")
+#: The longest duration the scripts store (their MAX_DURATION: 100 years).
+MAX_DURATION_SECONDS = 3_155_760_000
 
 
 def _s(value: Any) -> str:
@@ -197,6 +205,48 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     return records
 
 
+def _claimed(r: list[Any]) -> ClaimedJob:
+    """One row of the claim script's JSON reply (see its ``taken``)."""
+    return ClaimedJob(
+        id=r[0],
+        run_id=r[1],
+        name=r[2],
+        queue=r[3],
+        payload=r[4],
+        tenant_id=r[5],
+        idempotency_key=r[6],
+        concurrency_key=r[7],
+        attempt=int(r[8]),
+        max_attempts=int(r[9]),
+        fence=Fence(r[10], int(r[11])),
+        created_at=float(r[12]),
+        run_at=float(r[13]),
+        lease_expires_at=float(r[14]),
+        actor=r[15],
+        trace_context=r[16],
+        promoted=r[17] == "1",
+        lapsed=r[18] == "1",
+        steps=[
+            StepRecord(
+                name=name,
+                status=data["status"],
+                seq=int(seq),
+                executions=int(data.get("executions") or 0),
+                output=data.get("output"),
+                error=data.get("error"),
+                error_code=data.get("error_code"),
+                wake_at=data.get("wake_at"),
+                event=data.get("event"),
+                since=data.get("since"),
+                deadline=data.get("deadline"),
+                started_at=data.get("started_at"),
+                ended_at=data.get("ended_at"),
+            )
+            for name, seq, data in sorted(r[19], key=lambda s: int(s[1]))
+        ],
+    )
+
+
 def _attempts_from(raw: Any) -> list[AttemptRecord]:
     """The row's ``al`` field (a JSON array; times as strings) → records."""
     if not raw:
@@ -213,8 +263,20 @@ def unavailable(what: str) -> DriverError:
     return not_connected(what)
 
 
+def _check_duration(duration: float | None) -> None:
+    """A settle's duration as the scripts take it (refused here, before it
+    joins a combined call that one bad value would refuse whole)."""
+    if duration is not None and not (
+        math.isfinite(duration) and 0 <= duration <= MAX_DURATION_SECONDS
+    ):
+        raise JobsError(
+            ErrorCode.X_INVARIANT,
+            "the duration must be a number of seconds from 0 to 100 years; nothing was written",
+        )
+
+
 def _request_row(r: EnqueueRequest) -> list[str]:
-    """One request as the 15 script arguments ``insert_row`` reads."""
+    """One request as the 19 script arguments ``insert_row`` reads."""
     return [
         r.id,
         r.run_id,
@@ -231,21 +293,11 @@ def _request_row(r: EnqueueRequest) -> list[str]:
         _json_opt(dict(r.actor) if r.actor is not None else None),
         _json_opt(dict(r.trace_context) if r.trace_context is not None else None),
         live_field(r.name, r.tenant_id, r.idempotency_key),
+        "1" if r.sensitive else "0",
+        _opt(r.parent_id),
+        _num(r.debounce),
+        _num(r.unique_for),
     ]
-
-
-def _refuse_keyed(requests: Sequence[EnqueueRequest]) -> None:
-    """``debounce=`` / ``unique_for=`` are not in the Redis scripts yet: refused
-    before anything is written, never silently ignored."""
-    for r in requests:
-        if r.debounce is not None or r.unique_for is not None:
-            field = "debounce" if r.debounce is not None else "unique_for"
-            raise JobsError(
-                ErrorCode.X_NOT_IMPLEMENTED,
-                f"{r.name} declares {field}=, which the Redis driver does not implement "
-                "yet; nothing was queued (use the memory or PostgreSQL driver for this job)",
-                meta={"job": r.name, "field": field},
-            )
 
 
 class RedisDriver:
@@ -291,9 +343,9 @@ class RedisDriver:
         self.events = _RedisEvents(self)
         self.leases: _RedisLeases | None = _RedisLeases(self)
         self.rate_limits: RateLimitStore | None = _RedisRateLimits(self)
-        #: No operator surface: ``jobs.show``/``list``/``cancel``... answer
-        #: ``X_NOT_IMPLEMENTED`` (see docs/how-to/redis-driver.md).
-        self.introspect: None = None
+        #: The operator surface (``lua/operate.lua``): ``jobs.show``/``list``/
+        #: ``cancel``/..., the CLI and the dashboard.
+        self.introspect: RedisIntrospection | None = RedisIntrospection(self)
         self.backfills: RedisBackfills | None = RedisBackfills(self)
         #: Scheduled tasks: leases, fires and pauses (lua/tasks.lua).
         self.tasks: RedisTasks | None = RedisTasks(self)
@@ -301,6 +353,11 @@ class RedisDriver:
             subscribe=self._subscribe,
             send_probe=self._send_probe,
             start=self._start_service_task,
+        )
+        self._acker = Combiner(
+            self._flush_acks,
+            lambda: self.client,
+            lambda: unavailable("the driver closed with the settle in flight"),
         )
         # Settles whose call raised (the script may have run, its reply lost):
         # the next settle of the same claim is a retry (see ack).
@@ -378,6 +435,8 @@ class RedisDriver:
             for source in self._scripts.sources():
                 await self._call(self.client.script_load(source), "SCRIPT LOAD")
             stored = await self._script("schema", [str(SCHEMA_VERSION)])
+            if int(_s(stored)) == 1:
+                stored = await self._upgrade()
             if int(_s(stored)) != SCHEMA_VERSION:
                 raise JobsError(
                     ErrorCode.X_CONFIG_INVALID,
@@ -397,6 +456,28 @@ class RedisDriver:
             self._client = None
             raise
         self.opened = True
+
+    async def _upgrade(self) -> Any:
+        """Version 1's keys to version 2's: every row into the operator
+        surface's indexes (by creation and by id), then the stored version moves.
+        Rows are found by ``SCAN`` in batches; a row written meanwhile by a
+        version-1 process may be missed (stop them first: the how-to says so).
+        Idempotent: an upgrade cut short is simply run again."""
+        client = self.client
+        batch: list[str] = []
+        start = len(self.prefix) + len(":job:")
+
+        async def flush() -> None:
+            if batch:
+                await self._script("schema_index", batch)
+                batch.clear()
+
+        async for key in client.scan_iter(match=f"{self.prefix}:job:*", count=1000):
+            batch.append(_s(key)[start:])
+            if len(batch) >= 500:
+                await flush()
+        await flush()
+        return await self._script("schema_set", ["1", str(SCHEMA_VERSION)])
 
     async def _check_eviction(self) -> None:
         """Warn when Redis may evict keys: under memory pressure an eviction
@@ -430,7 +511,7 @@ class RedisDriver:
     ) -> None:
         """Hold the client's connection pool (and the wake session) in
         ``nursery``, else a system task (see :class:`ServiceTasks`)."""
-        if not await self._service.start(context=client, nursery=nursery):
+        if not await self._service.start(self._acker.run, context=client, nursery=nursery):
             raise unavailable("the connection pool did not start")
 
     def _start_service_task(self, fn: Callable[[], Awaitable[None]]) -> None:
@@ -493,7 +574,6 @@ class RedisDriver:
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         self.client  # noqa: B018 — refuse a closed driver before any work
-        _refuse_keyed(requests)
         out: list[EnqueueResult] = []
         ready: set[str] = set()
         now = self.now()
@@ -505,7 +585,12 @@ class RedisDriver:
             reply = await self._script("enqueue", args)
             for r, (found_id, found_run, deduped) in zip(chunk, reply, strict=True):
                 out.append(EnqueueResult(_s(found_id), _s(found_run), bool(int(deduped))))
-                if not int(deduped) and not r.delay and (r.run_at is None or r.run_at <= now):
+                if (
+                    not int(deduped)
+                    and not r.delay
+                    and r.debounce is None
+                    and (r.run_at is None or r.run_at <= now)
+                ):
                     ready.add(r.queue)
         self._fire(sorted(ready))
         return out
@@ -531,33 +616,7 @@ class RedisDriver:
         for queue, take in options.queues.items():
             args.extend([queue, str(int(take))])
         taken, buried, next_due = await self._script("claim", args)
-        jobs = []
-        for r in taken:
-            actor = _s(r[15])
-            trace = _s(r[16])
-            jobs.append(
-                ClaimedJob(
-                    id=_s(r[0]),
-                    run_id=_s(r[1]),
-                    name=_s(r[2]),
-                    queue=_s(r[3]),
-                    payload=loads(_s(r[4])),
-                    tenant_id=_s(r[5]) if r[5] is not None else None,
-                    idempotency_key=_s(r[6]),
-                    concurrency_key=_s(r[7]) if r[7] is not None else None,
-                    attempt=int(r[8]),
-                    max_attempts=int(_s(r[9])),
-                    fence=Fence(_s(r[10]), int(r[11])),
-                    created_at=float(_s(r[12])),
-                    run_at=float(_s(r[13])),
-                    lease_expires_at=float(_s(r[14])),
-                    actor=loads(actor) if actor else None,
-                    trace_context=loads(trace) if trace else None,
-                    promoted=_s(r[17]) == "1",
-                    lapsed=_s(r[18]) == "1",
-                    steps=_steps_from(r[19]),
-                )
-            )
+        jobs = [_claimed(r) for r in orjson.loads(_s(taken))]
         exhausted = [
             Exhausted(
                 id=_s(b[0]),
@@ -593,28 +652,36 @@ class RedisDriver:
             del self._unsure[next(iter(self._unsure))]
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
-        """The fenced completion. A retry after a call that raised answers
-        ``True`` when this claim's settle already landed (the script keeps the
-        settling claim), moving nothing twice; after a clean answer a second
-        settle is still refused."""
+        """The fenced completion. Concurrent acks from many slots share one
+        script call (the settle combiner, ``_combine.py``); each returns once
+        its row is settled. A retry after a call that raised answers ``True``
+        when this claim's settle already landed (the script keeps the settling
+        claim), moving nothing twice; after a clean answer a second settle is
+        still refused."""
+        _check_duration(options.duration)
         key, again = self._settle_again(job_id, options.fence)
         try:
-            landed = await self._script(
-                "ack",
-                [
-                    job_id,
-                    options.fence.worker_id,
-                    str(int(options.fence.claim)),
-                    _json_opt(options.result),
-                    _progress_opt(options.progress),
-                    _num(options.duration),
-                    again,
-                ],
-            )
+            return await self._acker.submit(job_id, (job_id, options, again))
         except BaseException:
             self._mark_unsure(key)
             raise
-        return bool(int(landed))
+
+    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> list[bool]:
+        settles = [
+            (
+                job_id,
+                options.fence.worker_id,
+                str(int(options.fence.claim)),
+                _json_opt(options.result),
+                _progress_opt(options.progress),
+                _num(options.duration),
+                again,
+            )
+            for job_id, options, again in batch
+        ]
+        # One argument, however many settles: the client's cost is per argument.
+        landed = await self._script("ack", [_json(settles)])
+        return [bool(int(x)) for x in landed]
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         """The fenced hand-back; a retry recognises its landed hand-back as
@@ -650,6 +717,7 @@ class RedisDriver:
                 nack_outcome(options),
                 options.error_code or "",
                 first_line(options.last_error) or "",
+                "1" if options.wait_children else "0",
             ],
         )
         if not int(landed[0]):
@@ -771,9 +839,9 @@ class _RedisTx:
         self._keys: dict[str, EnqueueResult] = {}
         self._events: list[tuple[str, str]] = []
         self._steps: list[list[str]] = []
+        self._debounced: list[EnqueueRequest] = []
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        _refuse_keyed(requests)
         out: list[EnqueueResult | None] = [None] * len(requests)
         ask: list[int] = []
         firsts: dict[str, int] = {}
@@ -782,6 +850,7 @@ class _RedisTx:
             staged = self._keys.get(lf)
             if staged is not None:
                 out[i] = EnqueueResult(staged.id, staged.run_id, True)
+                self._debounce(r)
             elif lf in firsts:
                 continue
             else:
@@ -792,13 +861,20 @@ class _RedisTx:
             args = [str(len(chunk))]
             for i in chunk:
                 r = requests[i]
-                args.extend([live_field(r.name, r.tenant_id, r.idempotency_key), r.id])
+                args.extend(
+                    [
+                        live_field(r.name, r.tenant_id, r.idempotency_key),
+                        r.id,
+                        "" if r.unique_for is None else repr(float(r.unique_for)),
+                    ]
+                )
             reply = await self._d._script("peek", args)
             for i, found in zip(chunk, reply, strict=True):
                 r = requests[i]
                 lf = live_field(r.name, r.tenant_id, r.idempotency_key)
                 if found:
                     result = EnqueueResult(_s(found[0]), _s(found[1]), True)
+                    self._debounce(r)
                 else:
                     result = EnqueueResult(r.id, r.run_id, False)
                     self._rows.append(r)
@@ -808,7 +884,27 @@ class _RedisTx:
             if out[i] is None:
                 first = self._keys[live_field(r.name, r.tenant_id, r.idempotency_key)]
                 out[i] = EnqueueResult(first.id, first.run_id, True)
+                self._debounce(r)
         return [r for r in out if r is not None]
+
+    def _debounce(self, r: EnqueueRequest) -> None:
+        """A debounced input answered as deduped: the commit moves the row
+        holding its key (staged here, or live on the server) with it."""
+        if r.debounce is None:
+            return
+        lf = live_field(r.name, r.tenant_id, r.idempotency_key)
+        for staged in self._rows:
+            if live_field(staged.name, staged.tenant_id, staged.idempotency_key) == lf:
+                # A row this transaction writes: it takes the last input itself.
+                index = self._rows.index(staged)
+                self._rows[index] = attrs.evolve(
+                    staged,
+                    payload=r.payload,
+                    concurrency_key=r.concurrency_key,
+                    debounce=r.debounce,
+                )
+                return
+        self._debounced.append(r)
 
     async def publish(self, name: str, payload: Any) -> None:
         self._events.append((name, _json(payload)))
@@ -829,7 +925,7 @@ class _RedisTx:
         return True
 
     async def commit(self) -> None:
-        if not self._rows and not self._events and not self._steps:
+        if not self._rows and not self._events and not self._steps and not self._debounced:
             return
         args = [str(len(self._rows))]
         for r in self._rows:
@@ -840,6 +936,9 @@ class _RedisTx:
         args.append(str(len(self._steps)))
         for step in self._steps:
             args.extend(step)
+        args.append(str(len(self._debounced)))
+        for r in self._debounced:
+            args.extend(_request_row(r))
         reply = await self._d._script("commit", args)
         if isinstance(reply, str | bytes) and _s(reply) == "conflict":
             raise JobsError(
@@ -861,12 +960,21 @@ class _RedisSteps:
         self._d = driver
 
     async def children(self, ids: Sequence[str]) -> list[ChildState]:
-        raise JobsError(
-            ErrorCode.X_NOT_IMPLEMENTED,
-            "the Redis driver does not run child jobs yet (step.invoke/step.gather need a "
-            "child's settle to count down its parent in the settle's own script); use the "
-            "memory or PostgreSQL driver for them",
-        )
+        """The children's states, one script call; an id no row holds (removed,
+        or expired) reads as ``cancelled``."""
+        d = self._d
+        if not ids:
+            d.client  # noqa: B018 — a closed driver refuses even an empty call
+            return []
+        out: list[ChildState] = []
+        for job_id, row in zip(ids, await d._script("children", list(ids)), strict=True):
+            if not row:
+                out.append(ChildState(job_id, "cancelled", None, ErrorCode.X_ABORTED))
+                continue
+            result = loads(_s(row[1])) if row[1] else None
+            code = _s(row[2]) if row[2] else None
+            out.append(ChildState(job_id, _s(row[0]), result, code))  # type: ignore[arg-type]
+        return out
 
     async def load(self, job_id: str) -> list[StepRecord]:
         d = self._d

@@ -18,7 +18,7 @@ __all__ = ["SCRIPT_NAMES", "script_source"]
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 #: The files, the prelude's first: names are unique across them.
-_FILES = ("queue.lua", "tasks.lua")
+_FILES = ("queue.lua", "tasks.lua", "operate.lua")
 
 
 @functools.cache

@@ -173,6 +173,12 @@ local function fmt(x)
   return string.format('%.6f', x)
 end
 
+-- A string (or a missing value, as null) as JSON.
+local function jstr(v)
+  if v == nil or v == false then return 'null' end
+  return cjson.encode(v)
+end
+
 local function jobkey(id)
   return P .. ':job:' .. id
 end
@@ -214,11 +220,38 @@ local function index(jk, id, q)
   end
 end
 
+-- A child (step.invoke/step.gather: its 'par') left the live states: its
+-- parent counts it down ('kp', once per child: 'cs'), and the last one makes
+-- a parent suspended on its children ('wc') due at once.
+local function child_settled(jk, par)
+  if not par then return end
+  if redis.call('HSETNX', jk, 'cs', 1) == 0 then return end
+  local pk = jobkey(par)
+  if redis.call('EXISTS', pk) == 0 then return end
+  if redis.call('HINCRBY', pk, 'kp', -1) > 0 then return end
+  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q')
+  if f[1] == 'suspended' and f[2] == '1' and tonumber(f[3]) > NOW then
+    redis.call('ZREM', P .. ':sched:' .. f[4], par)
+    redis.call('HSET', pk, 'run', fmt(NOW), 'upd', fmt(NOW))
+    index(pk, par, f[4])
+    redis.call('PUBLISH', P .. ':wake', f[4])
+  end
+end
+
+-- A row leaves the live states: its live key is free again. A row enqueued
+-- with unique_for= ('un') is remembered as its key's newest settled row
+-- (P:uniq:<live key>), for as long as a settled row is kept; a child counts
+-- down its parent.
 local function free_key(jk, id)
-  local lf = redis.call('HGET', jk, 'lf')
+  local f = redis.call('HMGET', jk, 'lf', 'un', 'par')
+  local lf = f[1]
   if lf and redis.call('HGET', P .. ':live', lf) == id then
     redis.call('HDEL', P .. ':live', lf)
+    if f[2] == '1' then
+      redis.call('SET', P .. ':uniq:' .. lf, id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+    end
   end
+  child_settled(jk, f[3])
 end
 
 local function parse_lease(v)
@@ -273,6 +306,25 @@ local function release_leases(id)
     end
   end
   redis.call('DEL', jl)
+  redis.call('HDEL', jobkey(id), 'hl')
+end
+
+-- bump() for many settles at once: `counted` maps a job name to {settles,
+-- summed duration or nil, queue}; the bucket's key is touched once.
+local function bump_many(counted, field)
+  local bucket = math.floor(NOW / 60) * 60
+  local ck = P .. ':cnt:' .. string.format('%d', bucket)
+  local any = false
+  for name, c in pairs(counted) do
+    any = true
+    redis.call('HINCRBY', ck, name .. '\n' .. field, c[1])
+    redis.call('HSET', ck, name .. '\nqueue', c[3])
+    if c[2] then redis.call('HINCRBYFLOAT', ck, name .. '\nduration', c[2]) end
+  end
+  if not any then return end
+  redis.call('EXPIRE', ck, COUNTER_TTL)
+  redis.call('ZADD', P .. ':cnt', bucket, string.format('%d', bucket))
+  redis.call('ZREMRANGEBYSCORE', P .. ':cnt', '-inf', '(' .. string.format('%d', bucket - COUNTER_TTL))
 end
 
 local function bump(name, field, duration, q)
@@ -361,36 +413,72 @@ local function settled_by(jk, claim)
   return f[1] ~= false and f[1] ~= 'running' and f[2] == claim
 end
 
--- The row holding an input's live key, or the row already stored under its id
--- (a republish): {id, run_id}, or nil when the input would be a new row.
-local function holder(lf, id)
+-- The live row holding live key `lf`: its id and run id, or nil.
+local function live_holder(lf)
   local held = redis.call('HGET', P .. ':live', lf)
   if held then
     local f = redis.call('HMGET', jobkey(held), 'rid', 'st')
     if f[1] and LIVE[f[2]] then
-      return {held, f[1]}
+      return held, f[1]
     end
-  end
-  local rid = redis.call('HGET', jobkey(id), 'rid')
-  if rid then
-    return {id, rid}
   end
   return nil
 end
 
-local ROW = 15
+-- The settled row a unique_for= of `uf` seconds still holds key `lf` for
+-- (settled less than `uf` ago): its id and run id, or nil.
+local function unique_holder(lf, uf)
+  local held = redis.call('GET', P .. ':uniq:' .. lf)
+  if not held then return nil end
+  local f = redis.call('HMGET', jobkey(held), 'rid', 'st', 'upd')
+  if f[1] and f[2] and not LIVE[f[2]] and tonumber(f[3]) + uf > NOW then
+    return held, f[1]
+  end
+  return nil
+end
+
+-- The row holding an input's live key, the row already stored under its id
+-- (a republish), or (uf: its unique_for= in seconds, or nil) the settled row
+-- still holding its key: {id, run_id}, or nil when the input would be a new row.
+local function holder(lf, id, uf)
+  local held, rid = live_holder(lf)
+  if held then return {held, rid} end
+  rid = redis.call('HGET', jobkey(id), 'rid')
+  if rid then
+    return {id, rid}
+  end
+  if uf then
+    held, rid = unique_holder(lf, uf)
+    if held then return {held, rid} end
+  end
+  return nil
+end
+
+-- A row's arguments: id, run id, name, queue, payload, tenant, idempotency
+-- key, concurrency key, max attempts, priority, run_at, delay, actor, trace
+-- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for.
+local ROW = 19
+
+local function need_positive_opt(v, name)
+  local bad = need_opt(v, name)
+  if bad or v == '' then return bad end
+  return need_positive(string.sub(v, 2), name)
+end
 
 -- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
 -- arguments; checked for every row before the first is written).
 local function row_fault(i, r)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
   local bad = first(
     need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
     need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
     need_opt(ck, 'concurrency_key'), need_whole(mx, 'max_attempts', 1),
     need_whole(prio, 'priority', -MAX_PRIORITY - 1, MAX_PRIORITY),
     need_instant_opt(run, 'run_at'), need_duration_opt(delay, 'delay'),
-    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'))
+    need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'),
+    (sens ~= '0' and sens ~= '1') and "sensitive must be '0' or '1'" or nil,
+    need_opt(par, 'parent_id'), need_positive_opt(deb, 'debounce'),
+    need_positive_opt(uf, 'unique_for'))
   if bad then return 'row ' .. r .. ': ' .. bad end
   return nil
 end
@@ -409,9 +497,11 @@ end
 
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
   local run_at
-  if run ~= '' then
+  if deb ~= '' then
+    run_at = NOW + tonumber(opt(deb))
+  elseif run ~= '' then
     run_at = tonumber(opt(run))
   else
     run_at = NOW + (tonumber(opt(delay)) or 0)
@@ -427,12 +517,62 @@ local function insert_row(i)
   if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) end
   if ac ~= '' then redis.call('HSET', jk, 'ac', opt(ac)) end
   if tc ~= '' then redis.call('HSET', jk, 'tc', opt(tc)) end
+  redis.call('HSET', jk, 'sens', sens)
+  if par ~= '' then redis.call('HSET', jk, 'par', opt(par)) end
+  if uf ~= '' then redis.call('HSET', jk, 'un', '1') end
   redis.call('HSET', P .. ':live', lf, id)
   redis.call('SADD', P .. ':queues', q)
+  -- The operator surface's indexes: by creation (list), by id (prefixes).
+  redis.call('ZADD', P .. ':all', fmt(NOW), id)
+  redis.call('ZADD', P .. ':ids', 0, id)
+  if par ~= '' then
+    -- A child: its parent lists it and counts it live (see child_settled).
+    redis.call('RPUSH', P .. ':kids:' .. opt(par), id)
+    if redis.call('EXISTS', jobkey(opt(par))) == 1 then
+      redis.call('HINCRBY', jobkey(opt(par)), 'kp', 1)
+    end
+  end
   count(q, st, 1)
   index(jk, id, q)
   if st == 'ready' then return q end
   return nil
+end
+
+-- A live row a debounced enqueue may still move: never claimed (no attempt
+-- log: a sleep's hand-back is uncounted), ready or delayed, not waiting on a
+-- busy key. It takes the input's payload and concurrency key and is due
+-- `debounce` after now.
+local function debounce_row(held, i)
+  local jk = jobkey(held)
+  local f = redis.call('HMGET', jk, 'st', 'q', 'al', 'bk', 'rm')
+  if (f[1] ~= 'ready' and f[1] ~= 'delayed') or f[3] or f[4] then return end
+  local q = f[2]
+  local ck = ARGV[i + 7]
+  redis.call('HSET', jk, 'pl', ARGV[i + 4], 'run', fmt(NOW + tonumber(opt(ARGV[i + 17]))),
+    'upd', fmt(NOW))
+  if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) else redis.call('HDEL', jk, 'ck') end
+  if f[5] then
+    redis.call('ZREM', P .. ':ready:' .. q, f[5])
+    redis.call('HDEL', jk, 'rm')
+  end
+  redis.call('ZREM', P .. ':sched:' .. q, held)
+  set_state(jk, q, f[1], 'delayed')
+  index(jk, held, q)
+end
+
+-- One input of an enqueue (ARGV[i .. i + ROW - 1]): deduped onto the row
+-- holding its key (a debounced input moves it, see debounce_row), or stored.
+-- Answers {id, run_id, deduped} and, for a new row due now, its queue.
+local function enqueue_row(i)
+  local lf, uf = ARGV[i + 14], opt(ARGV[i + 18])
+  local held, rid = live_holder(lf)
+  if held then
+    if ARGV[i + 17] ~= '' then debounce_row(held, i) end
+    return {held, rid, 1}, nil
+  end
+  local found = holder(lf, ARGV[i], uf and tonumber(uf))
+  if found then return {found[1], found[2], 1}, nil end
+  return {ARGV[i], ARGV[i + 1], 0}, insert_row(i)
 end
 
 -- Store an event and make every run suspended on it due now. Answers the
@@ -478,6 +618,105 @@ local function announce(queues)
   end
 end
 
+-- ---------------------------------------------------------------- the operator surface
+-- (operate.lua's scripts; the helpers live here, beside what they change)
+
+-- A row as the operator surface reads it: {fields, steps, children}, or {}
+-- when no row has that id. `bare`: without steps and children (a list row).
+local function view(id, bare)
+  local h = redis.call('HGETALL', jobkey(id))
+  if #h == 0 then return {} end
+  if bare then return {h, {}, {}} end
+  return {h, redis.call('HGETALL', P .. ':steps:' .. id), redis.call('LRANGE', P .. ':kids:' .. id, 0, -1)}
+end
+
+-- Ids whose rows are gone (a retention expiry): out of the operator's indexes.
+local function forget(ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', P .. ':all', id)
+    redis.call('ZREM', P .. ':ids', id)
+  end
+end
+
+-- Out of the queue's indexes (a row about to move or go).
+local function unindex(jk, id, q)
+  local rm = redis.call('HGET', jk, 'rm')
+  if rm then
+    redis.call('ZREM', P .. ':ready:' .. q, rm)
+    redis.call('HDEL', jk, 'rm')
+  end
+  redis.call('ZREM', P .. ':sched:' .. q, id)
+end
+
+-- A settled row is live again: ready now, attempts and error cleared, kept
+-- until it settles again.
+local function requeue_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q', 'lf')
+  local st, q = f[1], f[2]
+  redis.call('ZREM', P .. ':term:' .. q .. ':' .. st, id)
+  redis.call('PERSIST', jk)
+  redis.call('PERSIST', P .. ':steps:' .. id)
+  redis.call('HDEL', jk, 'ec', 'em', 'rs', 'we', 'bk', 'w', 'c')
+  redis.call('HSET', jk, 'att', 0, 'run', fmt(NOW), 'upd', fmt(NOW))
+  redis.call('HSET', P .. ':live', f[3], id)
+  set_state(jk, q, st, 'ready')
+  index(jk, id, q)
+  redis.call('PUBLISH', P .. ':wake', q)
+end
+
+local CANCELLED_OUTCOME = 'cancelled'
+
+-- A live row ends cancelled: a running one's claim is fenced off (its attempt
+-- log entry closed with `line`), its live key and slots freed.
+local function cancel_row(id, message, line)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  local st, q = f[1], f[2]
+  if st == 'running' then
+    log_end(jk, CANCELLED_OUTCOME, 'X_ABORTED', line)
+    redis.call('ZREM', P .. ':running', id)
+  end
+  unindex(jk, id, q)
+  redis.call('HDEL', jk, 'w', 'c', 'bk')
+  redis.call('HSET', jk, 'ec', 'X_ABORTED', 'em', message, 'upd', fmt(NOW))
+  free_key(jk, id)
+  release_leases(id)
+  terminal(jk, id, q, st, 'cancelled')
+end
+
+-- A row and its steps are deleted, out of every index.
+local function drop_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  local st, q = f[1], f[2]
+  if st then
+    unindex(jk, id, q)
+    redis.call('ZREM', P .. ':running', id)
+    if LIVE[st] then count(q, st, -1) else redis.call('ZREM', P .. ':term:' .. q .. ':' .. st, id) end
+    redis.call('HDEL', jk, 'un')
+    free_key(jk, id)
+    release_leases(id)
+  end
+  redis.call('DEL', jk, P .. ':steps:' .. id, P .. ':kids:' .. id)
+  forget({id})
+end
+
+-- Whether a row promote moves: delayed, or ready backing off before a retry.
+local function promotable(st, run)
+  return st == 'delayed' or (st == 'ready' and tonumber(run) > NOW)
+end
+
+local function promote_row(id)
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'q')
+  unindex(jk, id, f[2])
+  redis.call('HSET', jk, 'run', fmt(NOW), 'pr', 1, 'upd', fmt(NOW))
+  set_state(jk, f[2], f[1], 'ready')
+  index(jk, id, f[2])
+  redis.call('PUBLISH', P .. ':wake', f[2])
+end
+
 -- name: schema
 -- The key-schema version: set on first use, answered as stored afterwards.
 fault = need_whole(ARGV[A], 'the key-schema version', 1)
@@ -488,6 +727,30 @@ if not cur then
   return ARGV[A]
 end
 return cur
+
+-- name: schema_index
+-- The upgrade from key-schema version 1: the rows ARGV[A ..] (ids) into the
+-- operator surface's indexes.
+for i = A, #ARGV do
+  local cr = redis.call('HGET', jobkey(ARGV[i]), 'cr')
+  if cr then
+    redis.call('ZADD', P .. ':all', cr, ARGV[i])
+    redis.call('ZADD', P .. ':ids', 0, ARGV[i])
+    if redis.call('EXISTS', P .. ':jl:' .. ARGV[i]) == 1 then
+      redis.call('HSET', jobkey(ARGV[i]), 'hl', 1)
+    end
+  end
+end
+return 1
+
+-- name: schema_set
+-- Move the stored version from ARGV[A] to ARGV[A + 1]; answers the version stored.
+fault = need_whole(ARGV[A], 'the version', 1) or need_whole(ARGV[A + 1], 'the version', 1)
+if fault then return refuse('X_INVARIANT', fault) end
+if redis.call('GET', P .. ':schema') == ARGV[A] then
+  redis.call('SET', P .. ':schema', ARGV[A + 1])
+end
+return redis.call('GET', P .. ':schema')
 
 -- name: enqueue
 -- Up to 1,000 rows. An input whose live key a live row holds, or whose id is
@@ -502,14 +765,9 @@ local out = {}
 local woke = {}
 local i = A + 1
 for r = 1, n do
-  local found = holder(ARGV[i + ROW - 1], ARGV[i])
-  if found then
-    out[r] = {found[1], found[2], 1}
-  else
-    local q = insert_row(i)
-    if q then woke[q] = true end
-    out[r] = {ARGV[i], ARGV[i + 1], 0}
-  end
+  local answer, q = enqueue_row(i)
+  if q then woke[q] = true end
+  out[r] = answer
   i = i + ROW
 end
 announce(woke)
@@ -517,11 +775,12 @@ return out
 
 -- name: peek
 -- Read-only: what a staged input would dedupe onto now ({id, run_id} or {}).
+-- Per input: its live key, its id and its unique_for= ('' for none).
 local n = tonumber(ARGV[A])
 local out = {}
 for r = 1, n do
-  local lf, id = ARGV[A + 2 * r - 1], ARGV[A + 2 * r]
-  out[r] = holder(lf, id) or {}
+  local lf, id, uf = ARGV[A + 3 * r - 2], ARGV[A + 3 * r - 1], ARGV[A + 3 * r]
+  out[r] = holder(lf, id, uf ~= '' and tonumber(uf) or nil) or {}
 end
 return out
 
@@ -551,14 +810,21 @@ do
           need_whole(ARGV[k + 2], 'a step claim'), need(ARGV[k + 3], 'a step name'),
           need_whole(ARGV[k + 4], 'a step seq'), need(ARGV[k + 5], 'a step record'))
       end
-      if not fault and #ARGV ~= s0 + 6 * ns then fault = 'the arguments do not add up' end
+      if not fault then
+        local d0 = s0 + 6 * ns + 1
+        fault = need_whole(ARGV[d0], 'the debounce count', 0) or rows_fault(whole(ARGV[d0]), d0 + 1)
+        if not fault and #ARGV ~= d0 + ROW * whole(ARGV[d0]) then
+          fault = 'the arguments do not add up'
+        end
+      end
     end
   end
   if fault then return refuse('X_INVARIANT', fault) end
 end
 local i = A + 1
 for r = 1, n do
-  if holder(ARGV[i + ROW - 1], ARGV[i]) then
+  local uf = opt(ARGV[i + 18])
+  if holder(ARGV[i + 14], ARGV[i], uf and tonumber(uf)) then
     return 'conflict'
   end
   i = i + ROW
@@ -585,6 +851,14 @@ for r = 1, n do
 end
 for e = 1, ne do
   publish_event(ARGV[i + 2 * e - 1], ARGV[i + 2 * e], woke)
+end
+-- Debounced inputs the staging answered as deduped onto a live row: that row
+-- takes the last of them, if it still has not started.
+local d0 = s0 + 6 * ns + 1
+for r = 0, tonumber(ARGV[d0]) - 1 do
+  local k = d0 + 1 + r * ROW
+  local held = live_holder(ARGV[k + 14])
+  if held then debounce_row(held, k) end
 end
 announce(woke)
 local qs = {}
@@ -648,6 +922,7 @@ for _, id in ipairs(lapsed) do
 end
 
 local taken = {}
+local leased = {}
 local open_queues = {}
 while i <= #ARGV do
   local q = ARGV[i]
@@ -666,36 +941,61 @@ while i <= #ARGV do
       end
     end
     local rk = P .. ':ready:' .. q
+    local moved = {}
     while want > 0 do
       local got = redis.call('ZRANGE', rk, 0, want - 1)
       if #got == 0 then break end
-      for _, m in ipairs(got) do
-        redis.call('ZREM', rk, m)
+      redis.call('ZREM', rk, unpack(got))
+      -- One claim number per entry read (a stale entry leaves a gap: the
+      -- numbers are unique, not dense).
+      local last_claim = redis.call('INCRBY', P .. ':claims', #got)
+      for k, m in ipairs(got) do
         local id = string.sub(m, 28)
         local jk = jobkey(id)
-        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp')
+        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp', 'al',
+          'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
-          local claim = redis.call('INCR', P .. ':claims')
+          local claim = last_claim - #got + k
           local le = NOW + vis
-          set_state(jk, q, f[1], 'running')
-          redis.call('HSET', jk, 'att', att, 'w', worker, 'c', claim, 'le', fmt(le),
-            'upd', fmt(NOW), 'pr', 0, 'lp', 0)
-          redis.call('HDEL', jk, 'rm', 'we', 'bk')
-          log_begin(jk, att, worker)
+          moved[f[1]] = (moved[f[1]] or 0) + 1
+          local log = {}
+          if f[7] then log = cjson.decode(f[7]) end
+          while #log >= MAX_LOG do table.remove(log, 1) end
+          log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
+          redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
+            'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
+          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
-          redis.call('ZADD', P .. ':running', le, id)
-          local g = redis.call('HMGET', jk, 'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
-          taken[#taken + 1] = {id, g[1] or false, g[2] or false, q, g[3] or false, g[4] or false,
-            g[5] or false, g[6] or false, att, g[7] or false, worker, claim, g[8] or false,
-            g[9] or false, fmt(le), g[10] or false, g[11] or false, f[5] or '0', f[6] or '0',
-            redis.call('HGETALL', P .. ':steps:' .. id)}
+          leased[#leased + 1] = fmt(le)
+          leased[#leased + 1] = id
+          -- The row as JSON, its stored JSON (payload, actor, trace context,
+          -- step records) embedded as is: the driver parses the reply once.
+          local steps = {}
+          local flat = redis.call('HGETALL', P .. ':steps:' .. id)
+          for j = 1, #flat, 2 do
+            local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
+            steps[#steps + 1] = '[' .. cjson.encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
+          end
+          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jstr(q),
+            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), tostring(att), jstr(f[14]),
+            jstr(worker), jstr(tostring(claim)), jstr(f[15]), jstr(f[16]), jstr(fmt(le)),
+            f[17] or 'null', f[18] or 'null', jstr(f[5] or '0'), jstr(f[6] or '0'),
+            '[' .. table.concat(steps, ',') .. ']'}, ',') .. ']'
         end
       end
     end
+    -- The live counts, once per state a claimed row left.
+    local n = 0
+    for st, k in pairs(moved) do
+      count(q, st, -k)
+      n = n + k
+    end
+    if n > 0 then count(q, 'running', n) end
   end
 end
+if #leased > 0 then redis.call('ZADD', P .. ':running', unpack(leased)) end
 -- When a row not due now may become claimable: the first due time of the
 -- unpaused queues asked, or the first running lease to lapse ('' for none).
 local next_due = nil
@@ -708,38 +1008,106 @@ local function earlier(zkey)
 end
 for _, q in ipairs(open_queues) do earlier(P .. ':sched:' .. q) end
 earlier(P .. ':running')
-return {taken, exhausted, next_due and fmt(next_due) or ''}
+return {'[' .. table.concat(taken, ',') .. ']', exhausted, next_due and fmt(next_due) or ''}
 
 -- name: ack
--- The fenced completion: the row ends done with its result; its live key and
--- concurrency slots are freed and the done counter moves, all here. The row
--- keeps the claim that settled it ('sc'); `again` (ARGV[A + 6] = '1') is the
--- retry of an ack whose reply never came (see settled_by).
-fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
-  need_whole(ARGV[A + 2], 'the claim'), need_opt(ARGV[A + 3], 'the result'),
-  need_opt(ARGV[A + 4], 'the progress'), need_duration_opt(ARGV[A + 5], 'the duration'),
-  need_flag(ARGV[A + 6], 'again'))
-if fault then return refuse('X_INVARIANT', fault) end
-local id, worker, claim = ARGV[A], ARGV[A + 1], ARGV[A + 2]
-local res, pg, dur = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
-local jk = jobkey(id)
-local f = owned(jk, worker, claim)
-if not f then
-  if ARGV[A + 6] == '1' and settled_by(jk, claim) then return 1 end
-  return 0
+-- The fenced completions of many slots, one call (the settle combiner): per
+-- settle its row's id, the fence (worker, claim), the result, the progress,
+-- the duration and `again`. Each row ends done with
+-- its result; its live key and concurrency slots are freed and the done
+-- counter moves, all here. The row keeps the claim that settled it ('sc');
+-- `again` = '1' is the retry of an ack whose reply never came (see
+-- settled_by). Answers 1 (landed) or 0 per settle, in order.
+-- The settles come as one JSON argument (ARGV[A]): an array of 7-string arrays.
+local ok, acks = pcall(cjson.decode, ARGV[A] or '')
+fault = (not ok or type(acks) ~= 'table') and 'the settles must be a JSON array' or nil
+if not fault and #ARGV ~= A then fault = 'extra arguments after the settles' end
+for r = 1, (fault and 0 or #acks) do
+  local a = acks[r]
+  if type(a) ~= 'table' or #a ~= 7 then
+    fault = fault or ('settle ' .. r .. ' must be 7 strings')
+  else
+    for j = 1, 7 do
+      if type(a[j]) ~= 'string' then fault = fault or ('settle ' .. r .. ' must be 7 strings') end
+    end
+    fault = fault or first(need(a[1], 'job_id'), need(a[2], 'worker_id'),
+      need_whole(a[3], 'the claim'), need_opt(a[4], 'the result'),
+      need_opt(a[5], 'the progress'), need_duration_opt(a[6], 'the duration'),
+      need_flag(a[7], 'again'))
+  end
 end
-redis.call('ZREM', P .. ':running', id)
-redis.call('HDEL', jk, 'w', 'c')
-redis.call('HSET', jk, 'sc', claim)
-redis.call('HSET', jk, 'upd', fmt(NOW))
-if res ~= '' then redis.call('HSET', jk, 'rs', opt(res)) else redis.call('HDEL', jk, 'rs') end
-if pg ~= '' then redis.call('HSET', jk, 'pg', opt(pg)) end
-log_end(jk, 'done', '', '')
-free_key(jk, id)
-release_leases(id)
-terminal(jk, id, f[5], 'running', 'done')
-bump(f[6], 'done', opt(dur), f[5])
-return 1
+if fault then return refuse('X_INVARIANT', fault) end
+local n = #acks
+local out = {}
+local gone = {}      -- rows out of the running set
+local ended = {}     -- queue -> {score, id, ...} for its done set
+local settled = {}   -- queue -> rows that left running
+local counted = {}   -- job name -> {settles, summed duration or nil, queue}
+for r = 0, n - 1 do
+  local a = acks[r + 1]
+  local id, worker, claim = a[1], a[2], a[3]
+  local res, pg, dur = a[4], a[5], a[6]
+  local jk = jobkey(id)
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par')
+  if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
+    if a[7] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
+  else
+    local q, name = f[5], f[6]
+    gone[#gone + 1] = id
+    -- The attempt log's open entry closes done (log_end, inline).
+    local fields = {'st', 'done', 'sc', claim, 'upd', fmt(NOW)}
+    if f[9] then
+      local log = cjson.decode(f[9])
+      local last = log[#log]
+      if last and not last.ended_at then
+        last.ended_at = fmt(NOW)
+        last.outcome = 'done'
+        fields[#fields + 1] = 'al'
+        fields[#fields + 1] = cjson.encode(log)
+      end
+    end
+    if res ~= '' then
+      fields[#fields + 1] = 'rs'
+      fields[#fields + 1] = opt(res)
+      redis.call('HDEL', jk, 'w', 'c')
+    else
+      redis.call('HDEL', jk, 'w', 'c', 'rs')
+    end
+    if pg ~= '' then
+      fields[#fields + 1] = 'pg'
+      fields[#fields + 1] = opt(pg)
+    end
+    redis.call('HSET', jk, unpack(fields))
+    -- free_key, inline (the fields are read above).
+    if f[7] and redis.call('HGET', P .. ':live', f[7]) == id then
+      redis.call('HDEL', P .. ':live', f[7])
+      if f[8] == '1' then
+        redis.call('SET', P .. ':uniq:' .. f[7], id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+      end
+    end
+    if f[11] then child_settled(jk, f[11]) end
+    if f[10] then release_leases(id) end
+    -- terminal(), with the sets written once per queue below.
+    local e = ended[q] or {}
+    e[#e + 1] = fmt(NOW + DONE_TTL)
+    e[#e + 1] = id
+    ended[q] = e
+    settled[q] = (settled[q] or 0) + 1
+    redis.call('EXPIRE', jk, math.ceil(DONE_TTL))
+    redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(DONE_TTL))
+    local c = counted[name] or {0, nil, q}
+    c[1] = c[1] + 1
+    if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
+    c[3] = q
+    counted[name] = c
+    out[r + 1] = 1
+  end
+end
+if #gone > 0 then redis.call('ZREM', P .. ':running', unpack(gone)) end
+for q, k in pairs(settled) do count(q, 'running', -k) end
+for q, e in pairs(ended) do redis.call('ZADD', P .. ':term:' .. q .. ':done', unpack(e)) end
+bump_many(counted, 'done')
+return out
 
 -- name: nack
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
@@ -759,7 +1127,7 @@ fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
   need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
   need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
-  need_str(ARGV[A + 18], 'the error line'))
+  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'))
 if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
@@ -811,6 +1179,13 @@ if busy and st == 'ready' then
   else
     run_at = NOW
   end
+end
+if ARGV[A + 19] == '1' then
+  -- Suspended on its children: due at once when none is live as it lands.
+  redis.call('HSET', jk, 'wc', 1)
+  if (tonumber(redis.call('HGET', jk, 'kp')) or 0) <= 0 then run_at = NOW end
+else
+  redis.call('HDEL', jk, 'wc')
 end
 redis.call('HSET', jk, 'run', fmt(run_at))
 if we ~= '' then
@@ -908,6 +1283,16 @@ for r = 1, n do
 end
 return out
 
+-- name: children
+-- The rows ARGV[A ..] (a parent's children), in order: {state, result or
+-- false, error code or false}, or {} for an id no row holds.
+local out = {}
+for i = A, #ARGV do
+  local f = redis.call('HMGET', jobkey(ARGV[i]), 'st', 'rs', 'ec')
+  if f[1] then out[#out + 1] = {f[1], f[2] or false, f[3] or false} else out[#out + 1] = {} end
+end
+return out
+
 -- name: step_put
 -- One step record, only while the fence holds the row (see put_step).
 fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
@@ -939,6 +1324,12 @@ for _, q in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
   local row = {q, redis.call('HGETALL', P .. ':count:' .. q)}
   for _, st in ipairs({'done', 'failed', 'dead', 'cancelled'}) do
     local tk = P .. ':term:' .. q .. ':' .. st
+    -- Rows past their retention: Redis expired them (or will within a
+    -- second); out of the operator's indexes once they are gone.
+    local expired = redis.call('ZRANGEBYSCORE', tk, '-inf', fmt(NOW), 'LIMIT', 0, 1000)
+    for _, id in ipairs(expired) do
+      if redis.call('EXISTS', jobkey(id)) == 0 then forget({id}) end
+    end
     redis.call('ZREMRANGEBYSCORE', tk, '-inf', fmt(NOW))
     row[#row + 1] = st
     row[#row + 1] = redis.call('ZCARD', tk)
@@ -1040,6 +1431,7 @@ if free then
     'PX', math.ceil(math.max(ttl * 2, ttl + 60) * 1000))
   redis.call('SADD', P .. ':jl:' .. job, sk)
   redis.call('SADD', P .. ':lslots:' .. key, sk)
+  redis.call('HSET', jobkey(job), 'hl', 1)  -- the ack releases only rows that hold one
   return {free, 0}
 end
 local own = 1

@@ -88,10 +88,8 @@ for _, fire in ipairs(fires) do
       and redis.call('HEXISTS', P .. ':task_paused', fire.name) == 0 then
     for r = 0, fire.rows - 1 do
       local at = fire.at + r * ROW
-      if not holder(ARGV[at + ROW - 1], ARGV[at]) then
-        local q = insert_row(at)
-        if q then woke[q] = true end
-      end
+      local _, q = enqueue_row(at)
+      if q then woke[q] = true end
     end
     redis.call('HSET', tk, 'wm', fmt(tonumber(fire.through)))
     if fire.lf ~= '' then
