@@ -84,11 +84,10 @@ class Database:
         if self.kind == "redis":
             from ..drivers.redis import redis_driver
 
-            if postgres:
-                names = ", ".join(sorted(postgres))
+            if postgres.get("listen_dsn") is not None:
                 raise config_error(
-                    f"{names} applies to PostgreSQL only; {self.source} names a Redis "
-                    "database: drop the option or point it at PostgreSQL"
+                    f"--listen-database-url applies to PostgreSQL only; {self.source} "
+                    "names a Redis database: drop the option or point it at PostgreSQL"
                 )
 
             url, prefix = redis_url_and_prefix(self.dsn, self.source)
