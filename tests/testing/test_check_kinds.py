@@ -16,11 +16,14 @@ from check_apps import (
     consumers,
     dataio,
     dataio_double,
+    tasks,
+    tasks_double,
     webhooks,
 )
 from trio_jobs import ErrorCode
+from trio_jobs._task import Occurrence
 from trio_jobs.testing import check_jobs
-from trio_jobs.testing._check import GATE_TASK_TIME
+from trio_jobs.testing._check import GATE_TASK_TIME, draw_examples
 
 
 def by_name(report: object) -> dict[str, object]:
@@ -77,7 +80,22 @@ async def test_an_import_and_an_export_pass_and_an_appending_import_fails() -> N
     assert failure.boundary.startswith("after-fn:page:")
 
 
-@pytest.mark.parametrize("module", [consumers, webhooks, dataio, children])
+async def test_a_tasks_occurrences_are_drawn_on_its_schedule_and_walked() -> None:
+    drawn = draw_examples(tasks.tick, 5)
+    assert len({o.at for o in drawn}) == 5
+    assert all(isinstance(o, Occurrence) and o.at.second == 0 for o in drawn)
+    hourly = draw_examples(tasks_double.hourly, 3)
+    assert all(o.at.minute == 0 for o in hourly)  # on the cron's own minute
+    report = await check_jobs(tasks, examples=3, seeds=2)
+    assert report.ok, report.to_json()
+    assert report.jobs[0].boundaries == 3 * 7  # two steps: before, fn, record each, and the end
+    bad = await check_jobs(tasks_double, examples=2, seeds=0)
+    (failure,) = bad.jobs[0].failures
+    assert failure.code == ErrorCode.X_JOB_CRASH_DIVERGED
+    assert failure.boundary == "before-step:done"
+
+
+@pytest.mark.parametrize("module", [consumers, webhooks, dataio, children, tasks])
 async def test_the_seeds_of_each_kind_are_deterministic(module: object) -> None:
     first = await check_jobs(module, seeds=1, job=None)
     again = await check_jobs(module, seeds=1, job=None)

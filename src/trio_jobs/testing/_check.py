@@ -40,6 +40,8 @@ GATE_FAULTS = Faults(crash=0.02, pause=0.02, lease_loss=0.01, driver_errors=0.02
 #: minutes fire a minutely task ten times (a consumer's supervisor re-arms its
 #: keys each minute by default); the examples are enqueued at the start either way.
 GATE_TASK_TIME = 600.0
+#: Where a task's drawn occurrences start (2026-01-01T00:00:00Z), one an hour after.
+TASK_EPOCH = 1_767_225_600.0
 #: ``simulate_jobs``' own ``max_time`` (for jobs that do go quiet).
 SIMULATION_MAX_TIME = 30 * 86400.0
 #: Step names the framework records itself; a body never asks for them.
@@ -253,10 +255,18 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
 
 def _strategy(job: Job[Any, Any], st: Any) -> Any:
     """What the gate draws a job's inputs from: ``from_type`` of its input, but
-    for a webhook receiver's (whose payload is any JSON value, which
+    for a task (occurrences on its schedule) and for a webhook receiver's (whose payload is any JSON value, which
     ``from_type`` cannot draw) an event id, a JSON payload and path parameters."""
     from .._receiver import ReceivedWebhook
+    from .._task import Occurrence, Task
 
+    if isinstance(job, Task):
+        # Occurrences on the task's own schedule (from_type would draw any
+        # datetime, naive ones among them, which the task refuses).
+        schedule = job.schedule
+        return st.integers(0, 10_000).map(
+            lambda k: Occurrence(schedule.local(schedule.next_after(TASK_EPOCH + k * 3600.0)))
+        )
     if job.input is not ReceivedWebhook:
         return st.from_type(job.input)
     ascii_text = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1)
