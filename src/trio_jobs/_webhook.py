@@ -44,7 +44,7 @@ from ._enqueue import _MISSING
 from ._serialization import dumps, payload_form
 from ._time import Duration, parse_duration
 from ._validate import text_fault
-from ._webhook_guard import EndpointRefused, check_url, client_for
+from ._webhook_guard import EndpointRefused, check_url, post
 from ._webhook_ledger import WebhookAttempt, WebhookLedger
 from ._webhook_signature import (
     ID_HEADER,
@@ -82,6 +82,11 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 #: The longest ``Retry-After`` honoured as such (a longer one is clamped by the
 #: job's ``retry.max_delay`` anyway).
 MAX_RETRY_AFTER = 86_400.0
+#: The headers every delivery carries, as the transport takes them.
+_STATIC_HEADERS = ((b"content-type", b"application/json"), (b"user-agent", b"trio-jobs-webhook"))
+_ID_HEADER = ID_HEADER.encode("ascii")
+_TOPIC_HEADER = TOPIC_HEADER.encode("ascii")
+_SIGNATURE_HEADER = SIGNATURE_HEADER.encode("ascii")
 
 
 @attrs.frozen
@@ -568,24 +573,22 @@ class _Spec:
         except JobsError as refused:
             raise _Verdict(None, refused) from None
         stamp = int(at)
-        headers = {
-            "content-type": "application/json",
-            "user-agent": "trio-jobs-webhook",
-            ID_HEADER: event.id,
-            TOPIC_HEADER: event.topic,
-            SIGNATURE_HEADER: signature_header(endpoint.secret, stamp, event.id, event.topic, body),
-        }
-        client = client_for(guard=self.guard)
+        # The id and the topic passed label_fault (printable ASCII): ASCII bytes.
+        headers = [
+            *_STATIC_HEADERS,
+            (_ID_HEADER, event.id.encode("ascii")),
+            (_TOPIC_HEADER, event.topic.encode("ascii")),
+            (
+                _SIGNATURE_HEADER,
+                signature_header(endpoint.secret, stamp, event.id, event.topic, body).encode(
+                    "ascii"
+                ),
+            ),
+        ]
         try:
-            async with client.stream("POST", url, content=body, headers=headers) as answer:
-                seen = 0
-                async for chunk in answer.aiter_raw():
-                    seen += len(chunk)
-                    if seen > MAX_ANSWER_BYTES:
-                        break  # the rest is dropped with the connection
-                status = answer.status_code
-                retry_after = answer.headers.get("retry-after")
-                date = answer.headers.get("date")
+            status, answered = await post(
+                url, headers, body, guard=self.guard, cap=MAX_ANSWER_BYTES
+            )
         except EndpointRefused as refused:
             raise _Verdict(
                 None,
@@ -606,6 +609,15 @@ class _Spec:
                     cause=type(exc).__name__,
                 ),
             ) from None
+        retry_after = date = None
+        if 200 <= status < 300:
+            return status
+        for key, value in answered:
+            lowered = key.lower()
+            if lowered == b"retry-after":
+                retry_after = value.decode("latin-1")
+            elif lowered == b"date":
+                date = value.decode("latin-1")
         return self._classify(eid, status, retry_after, date, at)
 
     def _classify(

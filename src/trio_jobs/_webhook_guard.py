@@ -51,6 +51,7 @@ __all__ = [
     "address_fault",
     "check_url",
     "client_for",
+    "post",
     "guarded_backend",
     "resolve_checked",
     "literal_address",
@@ -207,11 +208,32 @@ def _refused(endpoint_id: str, why: str, *, fix: str) -> JobsError:
     )
 
 
+#: URLs that passed :func:`check_url`, by (url, allow_private): the check is a
+#: pure function of the two (no name is resolved here; that happens at connect
+#: time), so an endpoint's URL is parsed once, not once per delivery. Bounded:
+#: cleared when full.
+_CHECKED: dict[tuple[str, bool], httpx.URL] = {}
+MAX_CHECKED = 4096
+
+
 def check_url(endpoint_id: str, url: object, *, allow_private: bool) -> httpx.URL:
     """The endpoint's URL, parsed and checked before any connection: ``https``
     (``http`` too under ``allow_private``), a host, no credentials, and, unless
     ``allow_private``, no refused address literal or name. The URL itself never
-    appears in the error (a path may carry a token)."""
+    appears in the error (a path may carry a token). A URL that passed is
+    remembered (:data:`_CHECKED`); a refused one is checked again each time."""
+    if isinstance(url, str):
+        known = _CHECKED.get((url, allow_private))
+        if known is not None:
+            return known
+    parsed = _check_url(endpoint_id, url, allow_private=allow_private)
+    if len(_CHECKED) >= MAX_CHECKED:
+        _CHECKED.clear()
+    _CHECKED[(url, allow_private)] = parsed  # type: ignore[index]  # a str: _check_url said so
+    return parsed
+
+
+def _check_url(endpoint_id: str, url: object, *, allow_private: bool) -> httpx.URL:
     import httpx
 
     fix = "point the endpoint at a public https:// URL"
@@ -399,29 +421,70 @@ def _transport_class() -> type[Any]:
     return GuardedTransport
 
 
-_clients: trio.lowlevel.RunVar[dict[bool, httpx.AsyncClient]] = trio.lowlevel.RunVar(
+_clients: trio.lowlevel.RunVar[dict[bool, tuple[httpx.AsyncClient, Any]]] = trio.lowlevel.RunVar(
     "trio_jobs_webhook_clients"
 )
 
 
-def client_for(*, guard: bool) -> httpx.AsyncClient:
-    """This Trio run's client for the guard mode (made on first use): no
-    redirects, no environment proxies, no timeout of its own (the delivery's
-    ``timeout`` bounds the attempt and the request inside it)."""
+def _client_and_transport(guard: bool) -> tuple[httpx.AsyncClient, Any]:
     try:
         clients = _clients.get()
     except LookupError:
         clients = {}
         _clients.set(clients)
-    client = clients.get(guard)
-    if client is None:
+    pair = clients.get(guard)
+    if pair is None:
         import httpx
 
+        transport = _transport_class()(guard=guard)
         client = httpx.AsyncClient(
-            transport=_transport_class()(guard=guard),
+            transport=transport,
             follow_redirects=False,
             trust_env=False,
             timeout=None,
         )
-        clients[guard] = client
-    return client
+        pair = clients[guard] = (client, transport)
+    return pair
+
+
+def client_for(*, guard: bool) -> httpx.AsyncClient:
+    """This Trio run's client for the guard mode (made on first use): no
+    redirects, no environment proxies, no timeout of its own (the delivery's
+    ``timeout`` bounds the attempt and the request inside it). Its transport
+    (and so its pool of kept-alive connections) is the one :func:`post` sends
+    through."""
+    return _client_and_transport(guard)[0]
+
+
+async def post(
+    url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes, *, guard: bool, cap: int
+) -> tuple[int, list[tuple[bytes, bytes]]]:
+    """POST ``body`` to ``url`` through this run's client's pool (its guarded
+    backend, its kept-alive connections) and answer the status and the answer's
+    headers; at most ``cap`` bytes of the answer are read (the rest is dropped
+    with its connection). ``headers`` are sent as given, after ``Host`` (the
+    URL's) and ``Content-Length``.
+
+    The client's own request layer (cookies, auth, redirects, event hooks: none
+    of which a delivery uses) is skipped: a delivery is one request the
+    transport sends as the client would, so per-delivery cost stays with the
+    connection and not with the models around it."""
+    import httpcore
+
+    transport = _client_and_transport(guard)[1]
+    sent = httpcore.Request(
+        b"POST",
+        httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+        headers=[(b"host", url.netloc), (b"content-length", b"%d" % len(body)), *headers],
+        content=body,
+    )
+    answer = await transport.pool.handle_async_request(sent)
+    try:
+        seen = 0
+        async for chunk in answer.stream:
+            seen += len(chunk)
+            if seen > cap:
+                break  # the rest is dropped with the connection
+    finally:
+        await answer.stream.aclose()
+    return answer.status, answer.headers

@@ -211,3 +211,56 @@ async def test_a_driver_the_gate_cannot_run_on_is_refused() -> None:
         await check_jobs(good, seeds=1, driver=redis_driver("redis://127.0.0.1:6379/0"))
     assert info.value.code == ErrorCode.X_NOT_IMPLEMENTED
     assert "memory driver or PostgreSQL" in info.value.message
+
+
+async def test_the_apps_own_tables_come_from_its_setup_hook(dsn: str) -> None:
+    """trio_jobs_setup(tx) makes the app's tables in the throwaway schema and seeds
+    them before every crash run: a step.transaction over them, a rollup, a view's
+    refresh and a subject's erase and export are each walked at every boundary."""
+    from check_apps import tables_pg
+    from trio_jobs import postgres_driver
+
+    report = await check_jobs(tables_pg, seeds=0, driver=postgres_driver(dsn))
+    assert report.ok, report.to_json()
+    found = {j.name: j.boundaries for j in report.jobs}
+    assert set(found) == {"app.book", "app.daily", "app.totals", "app.erase", "app.export"}
+    assert all(n >= 4 for n in found.values()), found
+    # The tables were the gate's: none is left in the public schema.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT to_regclass('public.ck_orders')").fetchone()
+    assert left is not None
+    assert left[0] is None
+
+
+async def test_a_write_outside_the_step_over_the_apps_table_fails_the_gate(dsn: str) -> None:
+    from check_apps import tables_pg_double
+    from trio_jobs import postgres_driver
+
+    report = await check_jobs(tables_pg_double, seeds=0, driver=postgres_driver(dsn))
+    (failure,) = report.jobs[0].failures
+    assert failure.code == ErrorCode.X_JOB_CRASH_DIVERGED
+    assert failure.boundary == "after-fn:pay"
+    assert "state dead against done" in failure.message
+
+
+async def test_a_setup_hook_that_raises_stops_the_gate_as_a_usage_error(dsn: str) -> None:
+    from check_apps import tables_pg_double
+    from trio_jobs import postgres_driver
+
+    def setup(tx: object) -> None:
+        raise RuntimeError("secret-ddl-text")
+
+    with pytest.raises(JobsError) as info:
+        await check_jobs(tables_pg_double, seeds=0, setup=setup, driver=postgres_driver(dsn))
+    assert info.value.code == ErrorCode.X_CONFIG_INVALID
+    assert "trio_jobs_setup(tx) raised RuntimeError" in info.value.message
+    assert "secret-ddl-text" not in info.value.message
+
+
+def test_the_cli_runs_the_setup_hook_and_exits_1_on_the_planted_bug(dsn: str) -> None:
+    code, out, err = invoke(
+        "check_apps.tables_pg_double", "--seeds", "0", "--json", "--database-url", dsn
+    )
+    assert code == 1, out + err
+    (failure,) = orjson.loads(out)["jobs"][0]["failures"]
+    assert (failure["code"], failure["boundary"]) == ("X_JOB_CRASH_DIVERGED", "after-fn:pay")

@@ -187,6 +187,20 @@ def test_allow_private_admits_loopback_and_http() -> None:
     assert check_url("e1", "http://127.0.0.1:8080/hook", allow_private=True).port == 8080
 
 
+def test_a_checked_url_is_remembered_per_mode_and_a_refused_one_never() -> None:
+    """check_url parses an endpoint's URL once (a pure check: no name is resolved
+    there): the same URL answers the same parse; one that passed with
+    allow_private=True is still refused without it, every time."""
+    url = "http://127.0.0.1:8080/hook-remembered"
+    first = check_url("e1", url, allow_private=True)
+    assert check_url("e2", url, allow_private=True) is first
+    for _ in range(2):
+        with pytest.raises(JobsError) as refused:
+            check_url("e1", url, allow_private=False)
+        assert refused.value.code == ErrorCode.X_WEBHOOK_ENDPOINT_INVALID
+    assert (url, False) not in guard._CHECKED
+
+
 async def test_by_default_a_loopback_endpoint_is_refused_and_sent_nothing() -> None:
     """The guard is on unless allow_private=True: the real server on 127.0.0.1
     hears nothing, under any spelling (``https``: the only scheme it admits)."""
@@ -302,6 +316,40 @@ async def test_the_connection_goes_to_the_checked_address_with_the_urls_host(
             trio.socket.set_custom_hostname_resolver(None)
         assert [r.headers["host"] for r in rx.requests] == [f"partner.example:{rx.port}"] * 3
         assert rx.connections == 1  # kept alive: one connection, resolved once
+    assert resolver.calls == ["partner.example", "other.example"]
+
+
+async def test_a_delivery_post_goes_through_the_guarded_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """guard.post (what a delivery sends with) rides the client's own pool: the
+    name is resolved once per connection and checked, the connection is kept
+    alive, the URL's Host and the body's length are sent; a refused name is
+    EndpointRefused before any connection."""
+    real_fault = guard.address_fault
+    monkeypatch.setattr(
+        guard, "address_fault", lambda ip: None if ip.is_loopback else real_fault(ip)
+    )
+    async with open_receiver() as rx:
+        resolver = Resolver({"partner.example": [["127.0.0.1"], ["10.0.0.9"]]})
+        trio.socket.set_custom_hostname_resolver(resolver)
+        try:
+            url = check_url("e1", f"http://partner.example:{rx.port}/ok", allow_private=True)
+            for i in range(3):
+                status, _headers = await guard.post(
+                    url, [(b"x-n", str(i).encode())], b'{"n":1}', guard=True, cap=1024
+                )
+                assert status == 200
+            resolver.answers["other.example"] = [["10.0.0.9"]]
+            other = check_url("e1", f"http://other.example:{rx.port}/ok", allow_private=True)
+            with pytest.raises(EndpointRefused):
+                await guard.post(other, [], b"{}", guard=True, cap=1024)
+        finally:
+            trio.socket.set_custom_hostname_resolver(None)
+        assert [r.headers["host"] for r in rx.requests] == [f"partner.example:{rx.port}"] * 3
+        assert [r.headers["content-length"] for r in rx.requests] == ["7"] * 3
+        assert [r.headers["x-n"] for r in rx.requests] == ["0", "1", "2"]
+        assert rx.connections == 1
     assert resolver.calls == ["partner.example", "other.example"]
 
 

@@ -20,7 +20,7 @@ from trio_jobs import (
     verify_webhook_signature,
     webhook,
 )
-from trio_jobs._webhook_signature import signature_header
+from trio_jobs._webhook_signature import ONE_SHOT_BYTES, signature_header
 
 NOW = 1_800_000_000
 
@@ -58,6 +58,15 @@ def test_a_genuine_signature_verifies_and_answers_the_event_id() -> None:
 def test_the_mac_is_over_v1_t_id_topic_body() -> None:
     mac = hmac.new(b"k", b"v1:5:ev1:orders.paid:hello", hashlib.sha256).hexdigest()
     assert signature_header("k", 5, "ev1", "orders.paid", b"hello") == f"t=5,v1={mac}"
+
+
+@pytest.mark.parametrize("size", [0, ONE_SHOT_BYTES, ONE_SHOT_BYTES + 1, 3 * ONE_SHOT_BYTES])
+def test_the_one_shot_and_the_streaming_mac_agree_at_every_size(size: int) -> None:
+    """A body up to ONE_SHOT_BYTES is signed in one call, a longer one streamed:
+    both give the mac of the same bytes."""
+    body = bytes(i % 251 for i in range(size))
+    mac = hmac.new(b"k", b"v1:5:ev1:orders.paid:" + body, hashlib.sha256).hexdigest()
+    assert signature_header(b"k", 5, "ev1", "orders.paid", body) == f"t=5,v1={mac}"
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import orjson
 import trio
 
 from .._declare import Job
+from .._task import tasks_of
 from ..drivers.memory import MemoryDriver
 from ..errors import ErrorCode, JobsError
 from ._crash import MEMORY, Ground, _crash_proof, _point, _run_once
@@ -33,8 +34,30 @@ __all__ = ["CheckFailure", "CheckReport", "JobCheck", "check_jobs"]
 
 #: The faults every seed runs under: each kind of crash the product promises to survive.
 GATE_FAULTS = Faults(crash=0.02, pause=0.02, lease_loss=0.01, driver_errors=0.02, drain=0.01)
+#: How long (virtual seconds) a seed runs when the jobs hold a scheduled task
+#: (a ``task()``, or a consumer's supervisor): a task fires for ever, so such a
+#: simulation never goes quiet and runs to its ``max_time``. Ten virtual
+#: minutes fire a minutely task ten times (a consumer's supervisor re-arms its
+#: keys each minute by default); the examples are enqueued at the start either way.
+GATE_TASK_TIME = 600.0
+#: Where a task's drawn occurrences start (2026-01-01T00:00:00Z), one an hour after.
+TASK_EPOCH = 1_767_225_600.0
+#: ``simulate_jobs``' own ``max_time`` (for jobs that do go quiet).
+SIMULATION_MAX_TIME = 30 * 86400.0
 #: Step names the framework records itself; a body never asks for them.
 _FRAMEWORK = ("unwinding", "compensate:")
+
+
+def _framework_steps(job: Job[Any, Any]) -> tuple[str, ...]:
+    """The step names a job of this kind records for the framework, which a
+    replay need not ask for again: a consumer's one rolling ``batch`` record
+    (its progress is the cursor it commits with each batch, so a replay from
+    the committed cursor may find nothing left to batch)."""
+    if job.kind == "consumer":
+        from .._consumer import BATCH_STEP
+
+        return (*_FRAMEWORK, BATCH_STEP)
+    return _FRAMEWORK
 
 
 @attrs.frozen(kw_only=True)
@@ -232,10 +255,18 @@ def draw_examples(job: Job[Any, Any], count: int) -> list[Any]:
 
 def _strategy(job: Job[Any, Any], st: Any) -> Any:
     """What the gate draws a job's inputs from: ``from_type`` of its input, but
-    for a webhook receiver's (whose payload is any JSON value, which
+    for a task (occurrences on its schedule) and for a webhook receiver's (whose payload is any JSON value, which
     ``from_type`` cannot draw) an event id, a JSON payload and path parameters."""
     from .._receiver import ReceivedWebhook
+    from .._task import Occurrence, Task
 
+    if isinstance(job, Task):
+        # Occurrences on the task's own schedule (from_type would draw any
+        # datetime, naive ones among them, which the task refuses).
+        schedule = job.schedule
+        return st.integers(0, 10_000).map(
+            lambda k: Occurrence(schedule.local(schedule.next_after(TASK_EPOCH + k * 3600.0)))
+        )
     if job.input is not ReceivedWebhook:
         return st.from_type(job.input)
     ascii_text = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1)
@@ -281,8 +312,9 @@ class _Replays:
     may come in any order, new ones among them: Trio decides it. The first difference is kept;
     the run goes on, so what it does next is crash_proof's to judge."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, framework: tuple[str, ...] = _FRAMEWORK) -> None:
         self.name = name
+        self.framework = framework
         self.found: JobsError | None = None
         #: The crash_proof run going on (its boundary; ``None``: the clean run).
         self.point: str | None = None
@@ -312,7 +344,7 @@ class _Replays:
         recorded = [
             r.name
             for r in sorted(state.records.values(), key=lambda r: r.seq)
-            if not r.name.startswith(_FRAMEWORK)
+            if not r.name.startswith(self.framework)
         ]
         if not recorded:
             return None
@@ -387,6 +419,7 @@ class _Plan:
     given: Mapping[str, Any]
     observe: Callable[[], Any] | None
     reset: Callable[[], Any] | None
+    setup: Callable[[Any], Any] | None
     invariant: Callable[[World], Any] | None
     examples: int
     seeds: int
@@ -434,6 +467,7 @@ def _plan_of(jobs: Any, **given: Any) -> _Plan:
         raise _usage(f"trio_jobs_examples names no job of the module: {', '.join(unknown)}")
     observe = given.pop("observe") or attr("trio_jobs_observe")
     reset = given.pop("reset") or attr("trio_jobs_reset")
+    setup = given.pop("setup", None) or attr("trio_jobs_setup")
     invariant = given.pop("invariant") or attr("trio_jobs_invariant")
     job = given.pop("job")
     if job is not None and job not in names:
@@ -448,6 +482,7 @@ def _plan_of(jobs: Any, **given: Any) -> _Plan:
         given=examples,
         observe=_hook(observe, "trio_jobs_observe()"),
         reset=_hook(reset, "trio_jobs_reset()"),
+        setup=_hook(setup, "trio_jobs_setup(tx)"),
         invariant=invariant,
         job=job,
         **given,
@@ -463,6 +498,7 @@ async def check_jobs(
     reset: Callable[[], Any] | None = None,
     driver: Any = None,
     invariant: Callable[[World], Any] | None = None,
+    setup: Callable[[Any], Any] | None = None,
     job: str | None = None,
     example: int | None = None,
     seed: int | None = None,
@@ -472,8 +508,11 @@ async def check_jobs(
     """Check every job of ``jobs`` (a module, a job, or a list of jobs) as
     ``trio-jobs check`` does, and answer the :class:`CheckReport`.
 
-    A module's ``trio_jobs_examples``, ``trio_jobs_observe``, ``trio_jobs_reset``
-    and ``trio_jobs_invariant`` are used when the arguments do not give them.
+    A module's ``trio_jobs_examples``, ``trio_jobs_observe``, ``trio_jobs_reset``,
+    ``trio_jobs_invariant`` and ``trio_jobs_setup`` are used when the arguments
+    do not give them. ``setup(tx)`` (PostgreSQL only) runs before every crash
+    run in the throwaway schema, emptied just before: it creates the app's own
+    tables (``CREATE TABLE IF NOT EXISTS``) and inserts the rows its jobs read.
     ``job``, ``example`` and ``seed`` narrow the check to one job, one of its
     examples (0-based) and one simulation seed (then only the simulation runs).
     ``driver``: ``None`` (or a memory driver) runs everything on the memory
@@ -494,6 +533,7 @@ async def check_jobs(
         jobs,
         observe=observe,
         reset=reset,
+        setup=setup,
         invariant=invariant,
         job=job,
         examples=examples,
@@ -504,7 +544,7 @@ async def check_jobs(
     )
     tell = progress or Progress()
     results = []
-    async with _ground(driver, crash_runs=plan.seed is None, tell=tell) as ground:
+    async with _ground(driver, crash_runs=plan.seed is None, tell=tell, setup=plan.setup) as ground:
         for handle in plan.handles:
             if plan.job is not None and handle.name != plan.job:
                 continue
@@ -521,7 +561,13 @@ ON_POSTGRES = (
 
 
 @contextlib.asynccontextmanager
-async def _ground(driver: Any, *, crash_runs: bool, tell: Progress) -> AsyncIterator[Ground]:
+async def _ground(
+    driver: Any,
+    *,
+    crash_runs: bool,
+    tell: Progress,
+    setup: Callable[[Any], Any] | None = None,
+) -> AsyncIterator[Ground]:
     """Where the crash runs happen: the memory driver, or a throwaway schema on
     the PostgreSQL driver's database (made only when crash runs are asked for)."""
     if driver is None or isinstance(driver, MemoryDriver):
@@ -542,6 +588,7 @@ async def _ground(driver: Any, *, crash_runs: bool, tell: Progress) -> AsyncIter
         yield MEMORY
         return
     async with open_postgres_ground(driver._dsn_arg) as ground:
+        ground.setup = setup
         tell.note(ON_POSTGRES.format(schema=ground.schema))
         yield ground
 
@@ -627,7 +674,7 @@ async def _crash_one(
 ) -> tuple[tuple[JobsError, str | None] | None, int]:
     """``crash_proof`` of one input, watching its replays; the failure (and its
     boundary) and how many boundaries it tried."""
-    replays = _Replays(handle.name)
+    replays = _Replays(handle.name, _framework_steps(handle))
     watched = replays.wrap(handle)
     total = [0]
 
@@ -712,6 +759,7 @@ async def _simulate_one(
             scenario=[(handle, v) for v in scenario],
             invariant=plan.invariant,
             faults=GATE_FAULTS,
+            max_time=GATE_TASK_TIME if tasks_of(plan.handles) else SIMULATION_MAX_TIME,
         )
     except JobsError as exc:
         if exc.code != ErrorCode.X_SIMULATION_INVARIANT:

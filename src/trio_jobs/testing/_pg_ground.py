@@ -7,18 +7,28 @@ named so). One driver, on one frozen clock that only moves forward, serves
 every run; the schema is dropped when the gate ends, however it ends (a
 failure, an error, Ctrl-C). A gate killed outright (SIGKILL) leaves its schema
 behind: drop ``trio_jobs_check_*`` schemas by hand.
+
+The app's own tables: the schema holds only the library's after the
+migration, so a ``step.transaction`` (or a rollup, an import, an erase) that
+writes the app's tables would find them missing. A module's
+``trio_jobs_setup(tx)`` hook (sync or async; ``tx`` a
+:class:`~trio_jobs.Transaction` on the throwaway schema) runs before every
+crash run, right after the schema was emptied: it creates the app's tables
+(``CREATE TABLE IF NOT EXISTS``: the tables outlive a run, their rows do not)
+and inserts the rows the jobs read, and commits with its transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
 
 from .._declare import Job
-from .._facade import Jobs, open_jobs
+from .._facade import Jobs, Transaction, open_jobs
 from .._time import UuidSource
 from ..drivers.postgres._bridge import Database, Pool
 from ..drivers.postgres._driver import PostgresDriver
@@ -61,6 +71,8 @@ class PostgresGround:
         self.driver = driver
         self.clock = clock
         self.schema = schema
+        #: The module's ``trio_jobs_setup(tx)``, or ``None``.
+        self.setup: Callable[[Transaction], Any] | None = None
 
     @contextlib.asynccontextmanager
     async def world(
@@ -68,6 +80,11 @@ class PostgresGround:
     ) -> AsyncIterator[tuple[Jobs, Any, HarnessClock]]:
         await self.driver.db.fetch(query("check_reset"))
         async with open_jobs(_Borrowed(self.driver), jobs=handles) as facade:
+            if self.setup is not None:
+                async with facade.transaction() as tx:
+                    value = self.setup(tx)
+                    if inspect.isawaitable(value):
+                        await value
             yield facade, self.driver, self.clock
 
     async def next_wake(self, driver: Any) -> float | None:
