@@ -1038,23 +1038,17 @@ class Worker:
             ack = AckOptions(
                 fence=claimed.fence, result=output, duration=now - started, progress=state.progress
             )
-            held.settling()
-            landed = False
             try:
-                landed = bool(await self.driver.ack(claimed.id, ack))
-            except JobsError as err:
-                landed = await self._write_again(
-                    claimed, "ack", lambda: self.driver.ack(claimed.id, ack), held, err, scope
+                # (a partial, not a lambda: no Python frame on the ack's wake)
+                landed = await self._settle_write(
+                    claimed,
+                    "ack",
+                    functools.partial(self.driver.ack, claimed.id, ack),
+                    held,
+                    scope=scope,
                 )
             except trio.Cancelled:
-                pass  # the write budget ran out: the ack is unowned
-            finally:
-                if landed:
-                    held.move(Phase.SETTLED)
-                elif held.lost_while_settling:
-                    self._lease_lost(held)
-                elif held.phase is Phase.SETTLING:
-                    held.move(Phase.LOST)
+                landed = False  # the write budget ran out: the ack is unowned
             if landed:
                 self._count("done", held)
             else:
@@ -1067,17 +1061,17 @@ class Worker:
             self._freed(held, None if quiet else began)
         return None
 
-    async def _write_again(
+    async def _write_after(
         self,
         claimed: ClaimedJob,
         write: str,
         call: Callable[[], Awaitable[bool]],
-        held: Attempt,
+        gone: Callable[[], bool],
+        deadline: float,
         first: JobsError,
-        scope: trio.CancelScope,
     ) -> bool:
-        """A settle's first try raised ``first``: the slow half of :meth:`_write`
-        (a transient failure retried within the budget of ``scope``)."""
+        """A settle's first try raised ``first``: the rest of :meth:`_write` (a
+        transient failure retried within the budget; anything else given up)."""
         try:
             if not is_transient(first):
                 raise first
@@ -1085,8 +1079,8 @@ class Worker:
                 await retry_transient(
                     call,
                     first,
-                    deadline=scope.deadline,
-                    gone=self._lease_gone(held),
+                    deadline=deadline,
+                    gone=gone,
                     key=f"{claimed.id}:{claimed.fence.claim}",
                     event="jobs.settle.retry",
                     fields={
@@ -1101,8 +1095,6 @@ class Worker:
         except JobsError as exc:
             _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
             return False
-        except trio.Cancelled:
-            return False  # the write budget ran out
 
     async def _rest(
         self,
@@ -1634,7 +1626,13 @@ class Worker:
             held.settling()
         try:
             if scope is not None:
-                landed = await self._write(claimed, write, call, gone, scope.deadline)
+                # The first try bare (the common case: one frame less on its wake).
+                try:
+                    landed = bool(await call())
+                except JobsError as first:
+                    landed = await self._write_after(
+                        claimed, write, call, gone, scope.deadline, first
+                    )
             else:
                 with _bounded_shield() as own:
                     landed = await self._write(claimed, write, call, gone, own.deadline)
