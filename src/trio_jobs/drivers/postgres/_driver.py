@@ -843,31 +843,37 @@ class _PgTx:
 
 
 def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
-    """Step records as the JSON array ``steps_put_many`` takes."""
-    return _json(
-        [
-            _present(
-                ord=i,
-                job_id=job_id,
-                worker_id=fence.worker_id,
-                claim=fence.claim,
-                name=r.name,
-                status=r.status,
-                seq=r.seq,
-                executions=r.executions,
-                output=_json_or_none(r.output),
-                error=r.error,
-                error_code=r.error_code,
-                wake_at=r.wake_at,
-                event=r.event,
-                since=r.since,
-                deadline=r.deadline,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
-            )
-            for i, (job_id, fence, r) in enumerate(batch, start=1)
-        ]
-    )
+    """Step records as the JSON array ``steps_put_many`` takes: only the keys
+    that carry a value (an absent key reads as NULL), each row built directly
+    (one dict a record, on the path of every step)."""
+    rows: builtins.list[dict[str, Any]] = []
+    for i, (job_id, fence, r) in enumerate(batch, start=1):
+        row: dict[str, Any] = {
+            "ord": i,
+            "job_id": job_id,
+            "worker_id": fence.worker_id,
+            "claim": fence.claim,
+            "name": r.name,
+            "status": r.status,
+            "seq": r.seq,
+            "executions": r.executions,
+        }
+        if r.output is not None:
+            row["output"] = _json(r.output)
+        if r.started_at is not None:
+            row["started_at"] = r.started_at
+        if r.ended_at is not None:
+            row["ended_at"] = r.ended_at
+        for key in _STEP_SPARSE:
+            value = getattr(r, key)
+            if value is not None:
+                row[key] = value
+        rows.append(row)
+    return _json(rows)
+
+
+#: StepRecord fields a completed step.run leaves None (each sent when set).
+_STEP_SPARSE = ("error", "error_code", "wake_at", "event", "since", "deadline")
 
 
 class _Pending:
