@@ -995,7 +995,13 @@ class Worker:
             except trio.Cancelled:
                 # This scope's own cancellation (the shield keeps out every
                 # other): the signal says why, and the slower verdict settles it.
-                pass
+                if state.signal.reason is None:
+                    # Nothing aborted it: never ack a body that did not finish.
+                    exc = JobsError(
+                        ErrorCode.X_INVARIANT,
+                        "the attempt's cancel scope was cancelled with no reason on its "
+                        "signal (a bug of the worker's slot loop)",
+                    )
             except BaseException as err:
                 found = unwrap(err)
                 if isinstance(found, Handback | InfraFault):
