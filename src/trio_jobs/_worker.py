@@ -995,6 +995,7 @@ class Worker:
             except trio.Cancelled:
                 # This scope's own cancellation (the shield keeps out every
                 # other): the signal says why, and the slower verdict settles it.
+                result = None
                 if state.signal.reason is None:
                     # Nothing aborted it: never ack a body that did not finish.
                     exc = JobsError(
