@@ -25,6 +25,7 @@ from .memory import BENCHMARKS, DEFAULT_CONCURRENCY, DEFAULT_JOBS, Result, profi
 #: calls ``main(options)`` of the module (imported only when asked for).
 SUITES: dict[str, str] = {
     "postgres": "benchmarks.postgres",
+    "cpu": "benchmarks.cpu",
     "rate": "benchmarks.rate",
     "receiver": "benchmarks.receiver",
     "redis": "benchmarks.redis",

@@ -53,6 +53,10 @@ class Phase(enum.Enum):
     LOST = "lost"
     ABANDONED = "abandoned"
 
+    # Members are singletons: hashing by identity keeps the table lookups of
+    # every move in C (Enum's own __hash__ is a Python function).
+    __hash__ = object.__hash__
+
 
 _P = Phase
 

@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import logging
 import math
+import types
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -18,7 +19,7 @@ from ._enqueue import stage_requests
 from ._serialization import UnserializableError, converter, json_form
 from ._time import Duration, parse_duration
 from ._validate import check_text, storable
-from ._write_retry import is_transient, retry_delay, write_retrying
+from ._write_retry import is_transient, retry_delay, retry_transient, write_retrying
 from .drivers._protocol import (
     ENQUEUE_CHUNK,
     MAX_ENQUEUE_BATCH,
@@ -187,8 +188,12 @@ class RunState:
         self.handle = handle
         self.claimed = claimed
         self.input = input
-        self.records: dict[str, StepRecord] = {r.name: r for r in steps}
-        self.next_seq = max((r.seq for r in steps), default=0) + 1
+        if steps:
+            self.records: dict[str, StepRecord] = {r.name: r for r in steps}
+            self.next_seq = max(r.seq for r in steps) + 1
+        else:  # a first run (the common case)
+            self.records = {}
+            self.next_seq = 1
         self.used: set[str] = set()
         self.sleeps = 0
         self.compensators: list[Compensator] = []
@@ -261,13 +266,22 @@ class RunState:
         landed = False
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
             try:
-                landed = await write_retrying(
-                    write,
-                    again=again,
-                    deadline=scope.deadline,
-                    gone=self._gone,
-                    about=self._about(record.name),
-                )
+                try:
+                    # The first try bare (what write_retrying does first, one frame less).
+                    landed = await driver.steps.put(claimed.id, claimed.fence, record)
+                except JobsError as first:
+                    if not is_transient(first):
+                        raise
+                    key, event, fields = self._about(record.name)()
+                    landed = await retry_transient(
+                        again,
+                        first,
+                        deadline=scope.deadline,
+                        gone=self._gone,
+                        key=key,
+                        event=event,
+                        fields=fields,
+                    )
             except JobsError as exc:
                 if not is_transient(exc) or self._gone():
                     raise
@@ -333,6 +347,11 @@ class RunState:
             await self.boundary(boundary, step)
 
     def claim_name(self, name: object, *, what: str) -> str:
+        if type(name) is str and name in _NAMES_OK:
+            if name in self.used:
+                raise _duplicate(name)
+            self.used.add(name)
+            return name
         if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
             raise JobsError(
                 ErrorCode.X_JOB_DECLARATION_INVALID,
@@ -345,11 +364,11 @@ class RunState:
                 f"step names 'unwinding' and 'compensate:*' are the framework's; rename the {what}",
             )
         if name in self.used:
-            raise JobsError(
-                ErrorCode.X_STEP_DUPLICATE,
-                f"two steps share the name {name!r} in one run; step names are the persistence key — rename one",
-                meta={"step": name},
-            )
+            raise _duplicate(name)
+        if type(name) is str:
+            if len(_NAMES_OK) >= _NAMES_KEPT:
+                _NAMES_OK.clear()
+            _NAMES_OK.add(name)
         self.used.add(name)
         return name
 
@@ -361,6 +380,21 @@ class RunState:
                 f"step {name!r} was not started: the run was aborted ({reason.code}); nothing was written",
                 meta={"step": name, "reason": reason.code},
             )
+
+
+#: Step names that passed claim_name's checks of the name alone (type, length,
+#: storable text, not the framework's): a step name is checked once per
+#: process, not once per run (bounded; cleared when full).
+_NAMES_OK: set[str] = set()
+_NAMES_KEPT = 10_000
+
+
+def _duplicate(name: str) -> JobsError:
+    return JobsError(
+        ErrorCode.X_STEP_DUPLICATE,
+        f"two steps share the name {name!r} in one run; step names are the persistence key — rename one",
+        meta={"step": name},
+    )
 
 
 _ARITY: dict[Any, bool] = {}
@@ -398,9 +432,17 @@ def _signature_wants_signal(fn: Callable[..., Any]) -> bool:
     return len(required) >= 1
 
 
+#: Types whose values are never awaitable (``inspect.isawaitable`` on them
+#: falls through to an ABC check: a sync step fn answering plain data).
+_PLAIN = frozenset({int, float, str, bool, type(None), dict, list, tuple, bytes})
+
+
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     value = fn(*args)
-    if inspect.isawaitable(value):
+    kind = type(value)
+    if kind is types.CoroutineType:
+        return await value
+    if kind not in _PLAIN and inspect.isawaitable(value):
         value = await value
     return value
 
@@ -452,7 +494,8 @@ class Steps:
         s.refuse_past_abort(name)
         executions = (rec.executions if rec is not None else 0) + 1
         seq = s.seq_for(name)
-        await s.hit("before-step", name)
+        if s.boundary is not None:
+            await s.hit("before-step", name)
         started_at = s.driver.now()
         if once:
             await s.put(
@@ -464,7 +507,8 @@ class Steps:
                     started_at=started_at,
                 )
             )
-            await s.hit("after-started", name)
+            if s.boundary is not None:
+                await s.hit("after-started", name)
         timeout = s.handle.step_timeout
         wants_signal = _wants_signal(fn)
         # One child span of the attempt's span per executed step (a no-op without
@@ -494,7 +538,8 @@ class Steps:
             except BaseException as exc:
                 await _record_failure(s, name, seq, executions, exc, started_at)
                 raise
-        await s.hit("after-fn", name)
+        if s.boundary is not None:
+            await s.hit("after-fn", name)
         try:
             output = _output_form(name, value)
         except JobsError as error:
@@ -511,7 +556,8 @@ class Steps:
                 ended_at=s.driver.now(),
             )
         )
-        await s.hit("after-record", name)
+        if s.boundary is not None:
+            await s.hit("after-record", name)
         if compensate is not None:
             s.compensators.append(Compensator(name, compensate, output, once))
         return output

@@ -48,6 +48,9 @@ _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 Backoff = Literal["exponential", "linear", "fixed"]
 WhenBusy = Literal["wait", "fail"]
 
+#: Inputs whose payload is the value itself (the strict hooks of _serialization).
+_SCALARS = (int, float, str, bool)
+
 
 @attrs.frozen(kw_only=True)
 class Retry:
@@ -285,6 +288,8 @@ class Job(Generic[I, R]):
                     ErrorCode.X_JOB_INPUT_INVALID, f"{self.name} takes no input; pass None"
                 )
             return None  # type: ignore[return-value]
+        if type(raw) is tp and tp in _SCALARS:
+            return cast("I", raw)  # what the strict scalar hook answers, without cattrs
         if isinstance(tp, type) and attrs.has(tp) and isinstance(raw, tp):
             return cast("I", raw)
         try:

@@ -13,7 +13,9 @@ that reason into the spec's outcome once the body has stopped.
 from __future__ import annotations
 
 import contextvars
+import functools
 import heapq
+import inspect
 import logging
 import math
 import os
@@ -54,7 +56,7 @@ from ._settled import Outcome, Settled
 from ._time import Duration, JitterSource, default_jitter, parse_duration
 from ._unwind import unwind
 from ._validate import text_fault
-from ._write_retry import is_transient, write_retrying
+from ._write_retry import is_transient, retry_transient, write_retrying
 from .drivers._protocol import (
     AckOptions,
     ClaimedJob,
@@ -833,13 +835,48 @@ class Worker:
 
     async def _slot_task(self, first: Attempt) -> None:
         """Run attempts one after another, each in a fresh copy of this task's
-        initial context, parking between them."""
+        initial context, parking between them.
+
+        The common attempt (:meth:`_fast`) runs inline in one cancel scope that
+        this task keeps across attempts: entering a Trio cancel scope is the
+        dearest step of a no-op job, and a scope that nothing cancelled can carry
+        the next attempt as well (its deadline is set per attempt). A scope that
+        was cancelled (a timeout, a drain, an abort, a spent write budget) cannot
+        be reused: the task leaves it, runs the rest of that attempt outside it,
+        and opens a fresh one. Parking inside the shielded scope is safe: parked
+        tasks are ended by :meth:`_close_slots`, which the claimer always calls."""
         task = trio.lowlevel.current_task()
         pristine = contextvars.copy_context()
+        parked = self._parked
+
+        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+            parked.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
         held: Attempt | None = first
         try:
             while held is not None:
-                await self._slot(held)
+                rest: Callable[[], Awaitable[None]] | None = None
+                with trio.CancelScope(shield=True) as scope:
+                    while held is not None:
+                        rest = await self._fast(held, scope)
+                        if rest is not None or scope.cancel_called:
+                            break
+                        # The next attempt, inline (one wake a job: the claimer's).
+                        if self._ready:
+                            held = self._ready.popleft()
+                            task.context = pristine.copy()
+                            await trio.lowlevel.cancel_shielded_checkpoint()
+                        elif self._slots_closing:
+                            held = None
+                        else:
+                            task.context = pristine.copy()
+                            parked.append(task)
+                            held = await trio.lowlevel.wait_task_rescheduled(abort)
+                    else:
+                        return
+                if rest is not None:
+                    await rest()
                 if self._ready:
                     held = self._ready.popleft()
                     task.context = pristine.copy()
@@ -864,6 +901,257 @@ class Worker:
         held: Attempt | None = await trio.lowlevel.wait_task_rescheduled(abort)
         return held
 
+    def _fast_handle(self, held: Attempt) -> Job[Any, Any] | None:
+        """The attempt's job when the attempt may take the inline path: nothing
+        to await before its body (no concurrency lease, its steps came with the
+        claim, no tenant to check or rate to spend), no unwind, no span, no
+        ``on_settled`` hook, no abort already pending. Else None: the general
+        path (:meth:`_slot`) runs it, in scopes of its own."""
+        claimed = held.claimed
+        handle = self.jobs.handle(claimed.name)
+        if (
+            handle is None
+            or held.traced
+            or held.pending is not None
+            or handle.concurrency is not None
+            or handle.on_settled is not None
+            or claimed.steps is None
+            or claimed.tenant_id is not None
+            or self._tenant_rate is not None
+            or (handle.compensates and claimed.attempt > handle.retry.attempts)
+        ):
+            return None
+        for r in claimed.steps:
+            if r.name == RESERVED_STEP:
+                return None
+        return handle
+
+    async def _fast(
+        self, held: Attempt, scope: trio.CancelScope
+    ) -> Callable[[], Awaitable[None]] | None:
+        """One attempt in the slot task's own ``scope`` (shielded, uncancelled,
+        deadline infinite on entry), flat: the body, then its ack on the same
+        scope under the write budget. Answers None when the attempt is over;
+        otherwise what is left of it (the general path, or a slower verdict),
+        which the slot task runs outside ``scope``."""
+        handle = self._fast_handle(held)
+        if handle is None:
+            return functools.partial(self._slot, held)
+        claimed = held.claimed
+        try:
+            value = handle.parse(claimed.payload)
+        except JobsError:
+            return functools.partial(self._slot, held)
+        _ambient.role_var.set(f"job:{claimed.id}")
+        observer = self._observer
+        quiet = observer is _observe.NOOP_OBSERVER
+        if not quiet:
+            observer.slot_taken(claimed.queue, claimed.name)
+        began = trio.current_time()
+        try:
+            state = RunState(
+                jobs=self.jobs,
+                driver=self.driver,
+                handle=handle,
+                claimed=claimed,
+                input=value,
+                steps=claimed.steps,  # type: ignore[arg-type]
+                unwinding=False,
+                boundary=self._boundary,
+                event_poll=self.event_poll or self.driver.event_poll_default,
+            )
+            if claimed.actor:
+                state.actor = Actor.from_json(claimed.actor)
+            state.on_progress = self._progress_marked
+            held.attach(state)
+            ctx: JobContext[Any] = JobContext(state)
+            timeout = handle.timeout
+            started = began
+            if timeout is not None:
+                deadline = began + timeout
+                scope.deadline = deadline
+                state.signal._attach(scope, deadline)
+            else:
+                state.signal._attach(scope)
+            # The body, with the ambient context set (what _body does, flat).
+            held.start()
+            result: Any = None
+            exc: BaseException | None = None
+            handback: Handback | InfraFault | None = None
+            tokens = (
+                _ambient.run_var.set(state),
+                _ambient.facade_var.set(self.jobs),
+                _ambient.actor_var.set(state.actor),
+                _ambient.tx_var.set(None),
+            )
+            try:
+                result = handle.run(ctx)
+                if inspect.isawaitable(result):
+                    result = await result
+            except (Handback, InfraFault) as hb:
+                handback = hb
+            except (LeaseLost, ReplayStop):
+                pass
+            except trio.Cancelled:
+                # This scope's own cancellation (the shield keeps out every
+                # other): the signal says why, and the slower verdict settles it.
+                result = None
+                if state.signal.reason is None:
+                    # Nothing aborted it: never ack a body that did not finish.
+                    exc = JobsError(
+                        ErrorCode.X_INVARIANT,
+                        "the attempt's cancel scope was cancelled with no reason on its "
+                        "signal (a bug of the worker's slot loop)",
+                    )
+            except BaseException as err:
+                found = unwrap(err)
+                if isinstance(found, Handback | InfraFault):
+                    handback = found
+                elif isinstance(found, LeaseLost | ReplayStop | trio.Cancelled):
+                    pass
+                elif isinstance(found, KeyboardInterrupt | SystemExit):
+                    raise
+                else:
+                    exc = found
+            finally:
+                _ambient.run_var.reset(tokens[0])
+                _ambient.facade_var.reset(tokens[1])
+                _ambient.actor_var.reset(tokens[2])
+                _ambient.tx_var.reset(tokens[3])
+            state.verdict = (result, exc, handback)
+            output: Any = None
+            slow = (
+                exc is not None
+                or handback is not None
+                or state.lost
+                or held.phase is not Phase.RUNNING
+                or state.signal.reason is not None
+                or scope.cancel_called
+            )
+            if not slow:
+                try:
+                    output = json_form(result)
+                except UnserializableError:
+                    slow = True
+            if slow:
+                return functools.partial(self._rest, held, handle, state, value, started, began)
+            if state.boundary is not None:
+                await state.hit("before-settle", None)
+            # The ack's write budget on the same scope; an abort from here on (a
+            # drain, a lost lease) no longer cancels it: the body is done.
+            state.signal._detach(scope)
+            now = trio.current_time()
+            scope.deadline = now + WRITE_BUDGET
+            ack = AckOptions(
+                fence=claimed.fence, result=output, duration=now - started, progress=state.progress
+            )
+            try:
+                # (a partial, not a lambda: no Python frame on the ack's wake)
+                landed = await self._settle_write(
+                    claimed,
+                    "ack",
+                    functools.partial(self.driver.ack, claimed.id, ack),
+                    held,
+                    scope=scope,
+                )
+            except trio.Cancelled:
+                landed = False  # the write budget ran out: the ack is unowned
+            if landed:
+                self._count("done", held)
+            else:
+                self._unowned(held)
+            if not scope.cancel_called:
+                scope.deadline = math.inf
+        except Exception:
+            self._slot_failed(claimed)
+        finally:
+            self._freed(held, None if quiet else began)
+        return None
+
+    async def _write_after(
+        self,
+        claimed: ClaimedJob,
+        write: str,
+        call: Callable[[], Awaitable[bool]],
+        gone: Callable[[], bool],
+        deadline: float,
+        first: JobsError,
+    ) -> bool:
+        """A settle's first try raised ``first``: the rest of :meth:`_write` (a
+        transient failure retried within the budget; anything else given up)."""
+        try:
+            if not is_transient(first):
+                raise first
+            return bool(
+                await retry_transient(
+                    call,
+                    first,
+                    deadline=deadline,
+                    gone=gone,
+                    key=f"{claimed.id}:{claimed.fence.claim}",
+                    event="jobs.settle.retry",
+                    fields={
+                        "job_id": claimed.id,
+                        "job": claimed.name,
+                        "attempt": claimed.attempt,
+                        "worker_id": self.id,
+                        "write": write,
+                    },
+                )
+            )
+        except JobsError as exc:
+            _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
+            return False
+
+    async def _rest(
+        self,
+        held: Attempt,
+        handle: Job[Any, Any],
+        state: RunState,
+        value: Any,
+        started: float,
+        began: float,
+    ) -> None:
+        """What is left of an inline attempt whose verdict is not a plain ack:
+        settled outside the slot's scope, as the general path settles it."""
+        try:
+            await self._verdict(held, handle, state, value, started)
+        except trio.Cancelled:
+            raise
+        except Exception:
+            self._slot_failed(held.claimed)
+        finally:
+            self._freed(held, began if self._observer is not _observe.NOOP_OBSERVER else None)
+
+    def _slot_failed(self, claimed: ClaimedJob) -> None:
+        log.exception(
+            "jobs.worker.slot-failed",
+            extra={
+                "event": "jobs.worker.slot-failed",
+                "job_id": claimed.id,
+                "job": claimed.name,
+                "attempt": claimed.attempt,
+            },
+        )
+
+    def _freed(self, held: Attempt, began: float | None) -> None:
+        """The slot is done with ``held``: tell the observer (``began``: when the
+        slot was taken, None for no observer), forget the attempt, free its room."""
+        claimed = held.claimed
+        if began is not None:
+            ran = trio.current_time() - began if held.state is not None else None
+            self._observer.slot_freed(claimed.queue, claimed.name, ran)
+        self._held.pop((claimed.id, claimed.fence.claim), None)
+        # The attempt and its run state point at each other (a refused write
+        # tells the attempt): break the cycle, so both go with the slot and not
+        # with the next collection of the garbage collector.
+        held.detach()
+        self._in_flight[claimed.queue] -= 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+        if not self._held and self._idle is not None:
+            self._idle.set()
+
     async def _slot(self, held: Attempt) -> None:
         _ambient.role_var.set(f"job:{held.claimed.id}")
         claimed = held.claimed
@@ -879,28 +1167,9 @@ class Worker:
         except trio.Cancelled:
             raise
         except Exception:
-            log.exception(
-                "jobs.worker.slot-failed",
-                extra={
-                    "event": "jobs.worker.slot-failed",
-                    "job_id": claimed.id,
-                    "job": claimed.name,
-                    "attempt": claimed.attempt,
-                },
-            )
+            self._slot_failed(claimed)
         finally:
-            ran = trio.current_time() - began if held.state is not None else None
-            self._observer.slot_freed(claimed.queue, claimed.name, ran)
-            self._held.pop(_claim_key(held.claimed), None)
-            # The attempt and its run state point at each other (a refused write
-            # tells the attempt): break the cycle, so both go with the slot and not
-            # with the next collection of the garbage collector.
-            held.detach()
-            self._in_flight[held.claimed.queue] -= 1
-            if self._slot_freed is not None:
-                self._slot_freed.set()
-            if not self._held and self._idle is not None:
-                self._idle.set()
+            self._freed(held, began)
 
     async def _execute(self, held: Attempt) -> None:
         claimed = held.claimed
@@ -991,12 +1260,22 @@ class Worker:
             landed, output = fast
             if landed:
                 self._count("done", held)
-                await self._on_settled(
-                    handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
-                )
+                if handle.on_settled is not None:
+                    await self._on_settled(
+                        handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
+                    )
             else:
                 self._unowned(held)
             return
+        await self._verdict(held, handle, state, value, started)
+
+    async def _verdict(
+        self, held: Attempt, handle: Job[Any, Any], state: RunState, value: Any, started: float
+    ) -> None:
+        """Settle an attempt whose body ended other than by returning a value to
+        ack: an abort, a hand-back, a fault, a failure (or an ack that still
+        goes out here: an output with no JSON form is a failure)."""
+        claimed = held.claimed
         result, body_exc, handback = state.verdict
         if await self._aborted_verdict(held, handle, state, body_exc):
             return
@@ -1049,9 +1328,10 @@ class Worker:
         )
         if landed:
             self._count("done", held)
-            await self._on_settled(
-                handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
-            )
+            if handle.on_settled is not None:
+                await self._on_settled(
+                    handle, held, Settled(Outcome.COMPLETED, claimed.id, value, output)
+                )
         else:
             self._unowned(held)
 
@@ -1353,7 +1633,13 @@ class Worker:
             held.settling()
         try:
             if scope is not None:
-                landed = await self._write(claimed, write, call, gone, scope.deadline)
+                # The first try bare (the common case: one frame less on its wake).
+                try:
+                    landed = bool(await call())
+                except JobsError as first:
+                    landed = await self._write_after(
+                        claimed, write, call, gone, scope.deadline, first
+                    )
             else:
                 with _bounded_shield() as own:
                     landed = await self._write(claimed, write, call, gone, own.deadline)

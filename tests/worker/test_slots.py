@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 from jobs_support import Item, jobs_on_memory, running_worker, wait_for, wait_state
-from trio_jobs import JobContext, Worker, job
+from trio_jobs import JobContext, Retry, Worker, job
+from trio_jobs._context import WRITE_BUDGET
 
 _seen_tasks: list[trio.lowlevel.Task] = []
 _leak: contextvars.ContextVar[str] = contextvars.ContextVar("leak")
@@ -122,3 +123,68 @@ async def test_attempts_queued_past_the_slot_tasks_run_on_the_busy_ones(
             await wait_for(lambda: worker.stats().done == 9)
     assert len({id(t) for t in _seen_tasks}) == 1
     assert _leak_seen == ["unset"] * 3  # a fresh context on the queued path too
+
+
+# A slot task keeps one cancel scope across attempts (a fresh one only after a
+# cancel): what one attempt put on it must never reach the next.
+
+_ran: list[str] = []
+
+
+@job(input=Item, idempotency_key=lambda i: i.key, name="slots.quick_with_timeout", timeout="1s")
+async def quick_with_timeout(ctx: JobContext[Item]) -> None:
+    _ran.append(f"quick {ctx.input.key}")
+
+
+@job(input=Item, idempotency_key=lambda i: i.key, name="slots.long", retry=Retry(attempts=1))
+async def long(ctx: JobContext[Item]) -> None:
+    # Longer than the previous attempt's timeout and than an ack's write budget.
+    await trio.sleep(WRITE_BUDGET + 5)
+    _ran.append(f"long {ctx.input.key}")
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: i.key,
+    name="slots.times_out",
+    timeout="1s",
+    retry=Retry(attempts=1),
+)
+async def times_out(ctx: JobContext[Item]) -> None:
+    await trio.sleep(60)
+
+
+async def test_the_next_attempt_on_a_slot_gets_neither_the_timeout_nor_the_budget_of_the_last(
+    autojump_clock: Any,
+) -> None:
+    _ran.clear()
+    _seen_tasks.clear()
+    async with jobs_on_memory([quick_with_timeout, long, who]) as (jobs, _driver):
+        async with running_worker(jobs, concurrency=1) as worker:
+            for n in range(3):
+                await quick_with_timeout.enqueue(Item(f"q{n}"))
+                await wait_for(lambda n=n: f"quick q{n}" in _ran)
+                await who.enqueue(Item(f"w{n}"))  # the slot's task, noted
+                await wait_for(lambda n=n: len(_seen_tasks) == n + 1)
+                enq = await long.enqueue(Item(f"l{n}"))
+                view = await wait_state(jobs, enq.id, "done", "dead", "failed")
+                assert (view.state, view.attempts) == ("done", 1), view.last_error
+    assert len({id(t) for t in _seen_tasks}) == 1  # one slot task ran them all
+    assert worker.stats().done == 9
+
+
+async def test_a_timed_out_attempt_leaves_the_next_one_on_its_slot_untouched(
+    autojump_clock: Any,
+) -> None:
+    _ran.clear()
+    async with jobs_on_memory([times_out, long]) as (jobs, _driver):
+        async with running_worker(jobs, concurrency=1) as worker:
+            first = await times_out.enqueue(Item("t"))
+            view = await wait_state(jobs, first.id, "dead", "failed")
+            assert view.last_error is not None
+            assert "X_JOB_TIMEOUT" in view.last_error
+            enq = await long.enqueue(Item("after"))
+            view = await wait_state(jobs, enq.id, "done", "dead", "failed")
+    assert (view.state, view.attempts) == ("done", 1)
+    assert _ran == ["long after"]
+    assert worker.stats().dead_lettered == 1

@@ -674,33 +674,41 @@ class PostgresDriver:
         )
         jobs: list[ClaimedJob] = []
         exhausted: list[Exhausted] = []
+        new_job = ClaimedJob
+        fence_of = Fence
+        step_of = _step_record
         for r in rows:
-            if r[0] == "seen":
-                self._registry.renewed(options.worker_id, self.now())
-            elif r[0] == "job":
+            kind = r[0]
+            if kind == "job":
+                # Positional, and no conversions: the columns are already text,
+                # int, float8, bool and json (the claim's SELECT); a job's own
+                # steps (none for a first run) are the only list built.
+                steps = r[25]
                 jobs.append(
-                    ClaimedJob(
-                        id=str(r[1]),
-                        run_id=str(r[2]),
-                        name=r[3],
-                        queue=r[4],
-                        payload=r[5],
-                        tenant_id=r[6],
-                        idempotency_key=r[7],
-                        concurrency_key=r[8],
-                        attempt=int(r[9]),
-                        max_attempts=int(r[10]),
-                        fence=Fence(r[11], int(r[12])),
-                        created_at=float(r[13]),
-                        run_at=float(r[14]),
-                        lease_expires_at=float(r[15]),
-                        actor=r[16],
-                        trace_context=r[17],
-                        promoted=bool(r[18]),
-                        lapsed=bool(r[19]),
-                        steps=[_step_record(x) for x in r[25]],
+                    new_job(
+                        r[1],
+                        r[2],
+                        r[3],
+                        r[4],
+                        r[5],
+                        r[6],
+                        r[7],
+                        r[8],
+                        r[9],
+                        r[10],
+                        fence_of(r[11], r[12]),
+                        r[13],
+                        r[14],
+                        r[15],
+                        r[16],
+                        r[17],
+                        r[18],
+                        r[19],
+                        [step_of(x) for x in steps] if steps else [],
                     )
                 )
+            elif kind == "seen":
+                self._registry.renewed(options.worker_id, self.now())
             else:
                 exhausted.append(
                     Exhausted(
@@ -916,31 +924,37 @@ class _PgTx:
 
 
 def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
-    """Step records as the JSON array ``steps_put_many`` takes."""
-    return _json(
-        [
-            _present(
-                ord=i,
-                job_id=job_id,
-                worker_id=fence.worker_id,
-                claim=fence.claim,
-                name=r.name,
-                status=r.status,
-                seq=r.seq,
-                executions=r.executions,
-                output=_json_or_none(r.output),
-                error=r.error,
-                error_code=r.error_code,
-                wake_at=r.wake_at,
-                event=r.event,
-                since=r.since,
-                deadline=r.deadline,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
-            )
-            for i, (job_id, fence, r) in enumerate(batch, start=1)
-        ]
-    )
+    """Step records as the JSON array ``steps_put_many`` takes: only the keys
+    that carry a value (an absent key reads as NULL), each row built directly
+    (one dict a record, on the path of every step)."""
+    rows: builtins.list[dict[str, Any]] = []
+    for i, (job_id, fence, r) in enumerate(batch, start=1):
+        row: dict[str, Any] = {
+            "ord": i,
+            "job_id": job_id,
+            "worker_id": fence.worker_id,
+            "claim": fence.claim,
+            "name": r.name,
+            "status": r.status,
+            "seq": r.seq,
+            "executions": r.executions,
+        }
+        if r.output is not None:
+            row["output"] = _json(r.output)
+        if r.started_at is not None:
+            row["started_at"] = r.started_at
+        if r.ended_at is not None:
+            row["ended_at"] = r.ended_at
+        for key in _STEP_SPARSE:
+            value = getattr(r, key)
+            if value is not None:
+                row[key] = value
+        rows.append(row)
+    return _json(rows)
+
+
+#: StepRecord fields a completed step.run leaves None (each sent when set).
+_STEP_SPARSE = ("error", "error_code", "wake_at", "event", "since", "deadline")
 
 
 class _Pending:
