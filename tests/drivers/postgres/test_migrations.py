@@ -133,10 +133,22 @@ async def test_0020_moves_an_open_attempt_entry_to_its_columns_and_reads_the_sam
                 break
             c.execute(text.encode())
             c.execute("INSERT INTO trio_jobs_migrations VALUES (%s, %s)", (version, name))
-        closed = {"attempt": 1, "worker_id": "w1", "started_at": 10.0, "ended_at": 11.0,
-                  "outcome": "retried", "error_code": "X_BOOM", "error": "boom"}
-        open_running = {"attempt": 2, "worker_id": "w2", "started_at": 12.0, "step": "charge",
-                        "step_started_at": 12.5}
+        closed = {
+            "attempt": 1,
+            "worker_id": "w1",
+            "started_at": 10.0,
+            "ended_at": 11.0,
+            "outcome": "retried",
+            "error_code": "X_BOOM",
+            "error": "boom",
+        }
+        open_running = {
+            "attempt": 2,
+            "worker_id": "w2",
+            "started_at": 12.0,
+            "step": "charge",
+            "step_started_at": 12.5,
+        }
         open_done = {"attempt": 1, "worker_id": "w3", "started_at": 20.0}
         rows = [
             ("running", 2, [closed, open_running]),
