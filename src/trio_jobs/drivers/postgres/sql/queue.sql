@@ -24,11 +24,16 @@
 -- already folded inputs sharing a live key (the first one stands for all), so
 -- every input here has its own (name, tenant_id, idempotency_key). An input is
 -- inserted unless a live row holds its key or its id is already a row (a
--- republish) — ON CONFLICT DO NOTHING over both unique indexes — and otherwise
--- answers the row that holds it, deduped. `notified` lists the queues this
--- statement announced (a transactional pg_notify, only for queues the caller's
--- 250 ms throttle allowed, only for rows due now). A NULL `found` means the
--- holder committed after this statement's snapshot: the caller asks again.
+-- republish) — ON CONFLICT DO NOTHING over both unique indexes.
+--
+-- The answer names only what the caller cannot know: a first row (ordinal 0)
+-- with the queues this statement inserted a due row into and the queues it
+-- announced (a transactional pg_notify, only for queues the caller's 250 ms
+-- throttle allowed, only for rows due now), then one row per input that did
+-- not insert, naming the row that holds it, deduped. Every other input
+-- inserted its own id: no row to send back and decode (a batch of fresh
+-- inputs answers one row, not 1,000). A NULL `found` means the holder
+-- committed after this statement's snapshot: the caller asks again.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 input AS (
     SELECT t.ord, t.id, t.run_id, coalesce(t.name, %(name)s) AS name,
@@ -60,30 +65,29 @@ ins AS (
     CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
     ORDER BY i.ord
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, queue, state
+    RETURNING id, queue, state
 ),
 notified AS (
     SELECT s.queue, pg_notify(%(channel)s, s.queue)
     FROM (SELECT DISTINCT queue FROM ins
           WHERE state = 'ready' AND queue = ANY(%(notify)s::text[])) s
 )
+SELECT 0, NULL::text[],
+    (SELECT array_agg(DISTINCT queue) FROM ins WHERE state = 'ready'),
+    (SELECT array_agg(queue) FROM notified)
+UNION ALL
 SELECT i.ord,
-    CASE WHEN mine.id IS NOT NULL THEN ARRAY[mine.id::text, mine.run_id::text]
-    ELSE coalesce(
+    coalesce(
         -- per-row index lookups, only for the inputs that did not insert
         (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j
          WHERE j.name = i.name AND j.idempotency_key = i.idempotency_key
            AND j.tenant_id IS NOT DISTINCT FROM i.tenant_id
            AND j.state IN ('ready', 'delayed', 'running', 'suspended')
          LIMIT 1),
-        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j WHERE j.id = i.id))
-    END AS found,
-    mine.id IS NULL AS deduped,
-    mine.state,
-    (SELECT array_agg(queue) FROM notified) AS notified
+        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j WHERE j.id = i.id)),
+    NULL, NULL
 FROM input i
-LEFT JOIN ins mine ON mine.id = i.id
-ORDER BY i.ord;
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id);
 
 -- name: enqueue_one
 -- One request, the common case (an `enqueue` in a request handler): the same
