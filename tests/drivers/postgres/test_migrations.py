@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -114,3 +115,81 @@ async def test_constructing_does_no_io() -> None:
     with pytest.raises(JobsError) as err:
         await driver.open()
     assert err.value.code == "X_DRIVER_UNAVAILABLE"
+
+
+async def test_0020_moves_an_open_attempt_entry_to_its_columns_and_reads_the_same(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Logs written before 0020 (an open entry on a running row, the entry an
+    ack left open on a done row, closed entries only) read back the same after
+    it, and the open entry now lives in the row's columns."""
+    with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as c:
+        c.execute(
+            "CREATE TABLE trio_jobs_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, name, text in migrations():
+            if version >= 20:
+                break
+            c.execute(text.encode())
+            c.execute("INSERT INTO trio_jobs_migrations VALUES (%s, %s)", (version, name))
+        closed = {
+            "attempt": 1,
+            "worker_id": "w1",
+            "started_at": 10.0,
+            "ended_at": 11.0,
+            "outcome": "retried",
+            "error_code": "X_BOOM",
+            "error": "boom",
+        }
+        open_running = {
+            "attempt": 2,
+            "worker_id": "w2",
+            "started_at": 12.0,
+            "step": "charge",
+            "step_started_at": 12.5,
+        }
+        open_done = {"attempt": 1, "worker_id": "w3", "started_at": 20.0}
+        rows = [
+            ("running", 2, [closed, open_running]),
+            ("done", 1, [open_done]),
+            ("ready", 1, [closed]),
+            ("ready", 0, None),
+        ]
+        for k, (state, attempts, log) in enumerate(rows):
+            c.execute(
+                "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, idempotency_key,"
+                " max_attempts, state, attempts, run_at, created_at, updated_at, attempt_log)"
+                " VALUES (gen_random_uuid(), gen_random_uuid(), 'j', 'q', %s, 5, %s, %s, 1, 1,"
+                " 30, %s::jsonb)",
+                (f"k{k}", state, attempts, None if log is None else json.dumps(log)),
+            )
+        before = dict(
+            c.execute(
+                "SELECT idempotency_key, trio_jobs_attempt_read(attempt_log, state, updated_at)"
+                " FROM trio_jobs_jobs"
+            ).fetchall()
+        )
+    assert await migrate(pg_dsn, schema=pg_schema) == [v for v, _n, _s in migrations() if v >= 20]
+    after = dict(
+        sql(
+            pg_dsn,
+            pg_schema,
+            "SELECT idempotency_key, trio_jobs_attempt_view(attempt_log, attempts, attempt_worker,"
+            " attempt_at, attempt_step, attempt_step_at, state, updated_at) FROM trio_jobs_jobs",
+        )
+    )
+    assert after == before
+    assert before["k1"] == [{**open_done, "ended_at": 30.0, "outcome": "done"}]
+    columns = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT idempotency_key, attempt_log, attempt_at, attempt_worker, attempt_step,"
+        " attempt_step_at FROM trio_jobs_jobs ORDER BY idempotency_key",
+    )
+    assert columns == [
+        ("k0", [closed], 12.0, "w2", "charge", 12.5),
+        ("k1", None, 20.0, "w3", None, None),
+        ("k2", [closed], None, None, None, None),
+        ("k3", None, None, None, None, None),
+    ]

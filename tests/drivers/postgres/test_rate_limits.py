@@ -301,7 +301,9 @@ def test_two_worker_processes_spend_one_budget_and_defer_the_rest_uncounted(
     claimed_by = sql(
         pg_dsn,
         pg_schema,
-        "SELECT DISTINCT e ->> 'worker_id' FROM trio_jobs_jobs, jsonb_array_elements(attempt_log) e",
+        "SELECT DISTINCT e ->> 'worker_id' FROM trio_jobs_jobs, jsonb_array_elements("
+        "trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,"
+        " attempt_step_at, state, updated_at)) e",
     )
     assert len(claimed_by) == 2  # both processes claimed runs of the one budget
     for proc in workers:

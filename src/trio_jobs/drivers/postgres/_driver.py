@@ -20,7 +20,8 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import outcome
@@ -122,6 +123,10 @@ _SHARED_SCALARS = (
     "sensitive",
 )
 _SHARED_JSON = ("actor", "trace_context")
+#: A request's (debounce, unique_for): a batch of plain requests maps to one
+#: value only, found without a Python step per request.
+_KEYED = attrgetter("debounce", "unique_for")
+_UNKEYED = {(None, None)}
 
 
 def _json(value: Any) -> str:
@@ -487,7 +492,7 @@ class PostgresDriver:
         after_commit: list[Callable[[], None]] | None,
     ) -> list[EnqueueResult]:
         self.db  # noqa: B018 — refuse a closed driver before any work
-        if any(r.debounce is not None or r.unique_for is not None for r in requests):
+        if set(map(_KEYED, requests)) != _UNKEYED:
             return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         if len(requests) == 1:
             inserted = await self._enqueue_one(run, requests[0], after_commit=after_commit)
@@ -511,17 +516,26 @@ class PostgresDriver:
                 rows = await run(
                     "enqueue_many", self._enqueue_params([requests[i] for i in pending])
                 )
+                # Row 0 says which queues got a due row and which were announced;
+                # the others name the holders of the inputs that did not insert.
+                # Every input not named inserted its own id.
                 missing: list[int] = []
-                for ordinal, found, deduped, state, _notified in rows:
-                    index = pending[int(ordinal) - 1]
+                named: set[int] = set()
+                for ordinal, found, ready, notified in rows:
+                    if ordinal == 0:
+                        ready_queues.update(ready or ())
+                        self._mark_notified(notified)
+                        continue
+                    named.add(ordinal)
+                    index = pending[ordinal - 1]
                     if found is None:
                         missing.append(index)
-                        continue
-                    out[index] = EnqueueResult(found[0], found[1], bool(deduped))
-                    if state == "ready":
-                        ready_queues.add(requests[index].queue)
-                if rows:
-                    self._mark_notified(rows[0][4])
+                    else:
+                        out[index] = EnqueueResult(found[0], found[1], True)
+                for ordinal, index in enumerate(pending, start=1):
+                    if ordinal not in named:
+                        r = requests[index]
+                        out[index] = EnqueueResult(r.id, r.run_id, False)
                 if not missing:
                     break
                 pending = missing
@@ -614,19 +628,21 @@ class PostgresDriver:
         first = batch[0]
         params: dict[str, Any] = {}
         varying: list[str] = []
+        n = len(batch)
         for column in _SHARED_SCALARS:
             value = getattr(first, column)
-            kind = type(value)
-            if all(type(v) is kind and v == value for v in map(attrgetter(column), batch)):
+            values = list(map(attrgetter(column), batch))
+            # C-level loops (a column per call, not a generator step per row):
+            # one type throughout (True == 1), and every value equal to the first.
+            if values.count(value) == n and len(set(map(type, values))) == 1:
                 params[column] = value
             else:
                 params[column] = None
                 varying.append(column)
         for column in _SHARED_JSON:
             value = getattr(first, column)
-            if all(v is value for v in map(attrgetter(column), batch)) or (
-                len({_json(v) for v in map(attrgetter(column), batch)}) == 1
-            ):
+            values = list(map(attrgetter(column), batch))
+            if all(map(is_, values, repeat(value, n))) or len(set(map(_json, values))) == 1:
                 params[column] = _json_or_none(value)
             else:
                 params[column] = None

@@ -10,11 +10,14 @@
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
     priority, updated_at, worker_id, sensitive,
-    trio_jobs_attempt_read(attempt_log, state, updated_at)
+    trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,
+        attempt_step_at, state, updated_at)
 FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: attempt_log
-SELECT trio_jobs_attempt_read(attempt_log, state, updated_at) FROM trio_jobs_jobs WHERE id = %(id)s;
+SELECT trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,
+        attempt_step_at, state, updated_at)
+FROM trio_jobs_jobs WHERE id = %(id)s;
 
 -- name: show_for_update
 SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempotency_key,
@@ -97,7 +100,10 @@ DELETE FROM trio_jobs_steps WHERE job_id = %(id)s AND name = %(step)s;
 -- name: requeue_row
 UPDATE trio_jobs_jobs SET state = 'ready', attempts = 0, run_at = n.now, error_code = NULL,
     last_error = NULL, result = NULL, updated_at = n.now,
-    attempt_log = trio_jobs_attempt_read(attempt_log, state, updated_at)
+    -- a done row's open entry is pushed, closed as done, for good
+    attempt_log = trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,
+        attempt_step_at, state, updated_at),
+    attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
 FROM (SELECT trio_jobs_now(%(now)s) AS now) n
 WHERE id = %(id)s
 RETURNING queue;
@@ -108,8 +114,10 @@ hit AS (
     UPDATE trio_jobs_jobs j SET state = 'cancelled', worker_id = NULL, claim = NULL,
         error_code = 'X_ABORTED', last_error = %(last_error)s, updated_at = n.now,
         -- a running attempt ends here (its worker's settle will find the fence gone)
-        attempt_log = CASE WHEN j.state = 'running' THEN trio_jobs_attempt_end(j.attempt_log,
-            n.now, 'cancelled', 'X_ABORTED', %(line)s) ELSE j.attempt_log END
+        attempt_log = CASE WHEN j.state = 'running' THEN trio_jobs_attempt_push(j.attempt_log,
+            j.attempts, j.attempt_worker, j.attempt_at, j.attempt_step, j.attempt_step_at,
+            n.now, 'cancelled', 'X_ABORTED', %(line)s) ELSE j.attempt_log END,
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM n
     WHERE j.id = %(id)s AND j.state IN ('ready', 'delayed', 'running', 'suspended')
     RETURNING j.id
@@ -193,7 +201,9 @@ locked AS MATERIALIZED (
 moved AS (
     UPDATE trio_jobs_jobs j SET state = 'ready', attempts = 0, run_at = n.now,
         error_code = NULL, last_error = NULL, result = NULL, updated_at = n.now,
-        attempt_log = trio_jobs_attempt_read(j.attempt_log, j.state, j.updated_at)
+        attempt_log = trio_jobs_attempt_view(j.attempt_log, j.attempts, j.attempt_worker,
+            j.attempt_at, j.attempt_step, j.attempt_step_at, j.state, j.updated_at),
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.queue

@@ -24,11 +24,16 @@
 -- already folded inputs sharing a live key (the first one stands for all), so
 -- every input here has its own (name, tenant_id, idempotency_key). An input is
 -- inserted unless a live row holds its key or its id is already a row (a
--- republish) — ON CONFLICT DO NOTHING over both unique indexes — and otherwise
--- answers the row that holds it, deduped. `notified` lists the queues this
--- statement announced (a transactional pg_notify, only for queues the caller's
--- 250 ms throttle allowed, only for rows due now). A NULL `found` means the
--- holder committed after this statement's snapshot: the caller asks again.
+-- republish) — ON CONFLICT DO NOTHING over both unique indexes.
+--
+-- The answer names only what the caller cannot know: a first row (ordinal 0)
+-- with the queues this statement inserted a due row into and the queues it
+-- announced (a transactional pg_notify, only for queues the caller's 250 ms
+-- throttle allowed, only for rows due now), then one row per input that did
+-- not insert, naming the row that holds it, deduped. Every other input
+-- inserted its own id: no row to send back and decode (a batch of fresh
+-- inputs answers one row, not 1,000). A NULL `found` means the holder
+-- committed after this statement's snapshot: the caller asks again.
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 input AS (
     SELECT t.ord, t.id, t.run_id, coalesce(t.name, %(name)s) AS name,
@@ -60,30 +65,29 @@ ins AS (
     CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
     ORDER BY i.ord
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, queue, state
+    RETURNING id, queue, state
 ),
 notified AS (
     SELECT s.queue, pg_notify(%(channel)s, s.queue)
     FROM (SELECT DISTINCT queue FROM ins
           WHERE state = 'ready' AND queue = ANY(%(notify)s::text[])) s
 )
+SELECT 0, NULL::text[],
+    (SELECT array_agg(DISTINCT queue) FROM ins WHERE state = 'ready'),
+    (SELECT array_agg(queue) FROM notified)
+UNION ALL
 SELECT i.ord,
-    CASE WHEN mine.id IS NOT NULL THEN ARRAY[mine.id::text, mine.run_id::text]
-    ELSE coalesce(
+    coalesce(
         -- per-row index lookups, only for the inputs that did not insert
         (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j
          WHERE j.name = i.name AND j.idempotency_key = i.idempotency_key
            AND j.tenant_id IS NOT DISTINCT FROM i.tenant_id
            AND j.state IN ('ready', 'delayed', 'running', 'suspended')
          LIMIT 1),
-        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j WHERE j.id = i.id))
-    END AS found,
-    mine.id IS NULL AS deduped,
-    mine.state,
-    (SELECT array_agg(queue) FROM notified) AS notified
+        (SELECT ARRAY[j.id::text, j.run_id::text] FROM trio_jobs_jobs j WHERE j.id = i.id)),
+    NULL, NULL
 FROM input i
-LEFT JOIN ins mine ON mine.id = i.id
-ORDER BY i.ord;
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id);
 
 -- name: enqueue_one
 -- One request, the common case (an `enqueue` in a request handler): the same
@@ -118,7 +122,7 @@ SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
 -- One request of a job declaring debounce= or unique_for= (jobs without either
 -- never reach it: their enqueues stay the two statements above). It locks the
 -- key's live row, if any: a debounced request moves a row that was never
--- claimed (no attempt log, ready or delayed, not waiting on a busy key) to
+-- claimed (no attempt entry, ready or delayed, not waiting on a busy key) to
 -- `debounce` after now with this input, and any live row answers deduped. With
 -- no live row, a unique_for request answers the newest row of the key that
 -- settled less than `unique_for` ago (enqueued with unique_for: unique_key),
@@ -127,8 +131,8 @@ SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
 WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 live AS (
     SELECT j.id, j.run_id,
-        j.attempt_log IS NULL AND j.state IN ('ready', 'delayed') AND j.busy_key IS NULL
-            AS movable
+        j.attempt_log IS NULL AND j.attempt_at IS NULL AND j.state IN ('ready', 'delayed')
+            AND j.busy_key IS NULL AS movable
     FROM trio_jobs_jobs j
     WHERE j.name = %(name)s AND j.idempotency_key = %(key)s
       AND j.tenant_id IS NOT DISTINCT FROM %(tenant_id)s
@@ -244,12 +248,13 @@ claimed AS (
         busy_key = NULL,
         promoted = false,
         lapsed = false,
-        -- a new attempt log entry; a lapsed row taken back at once closes its
-        -- previous one first
-        attempt_log = trio_jobs_attempt_begin(
-            CASE WHEN j.state = 'running' THEN trio_jobs_attempt_end(j.attempt_log, n.now,
-                'lapsed', 'X_JOB_LEASE_LOST', %(lapsed_line)s) ELSE j.attempt_log END,
-            j.attempts + 1, %(worker_id)s, n.now)
+        -- the new attempt's entry, open in scalar columns (no jsonb is built);
+        -- a lapsed row taken back at once pushes its previous entry first
+        attempt_log = CASE WHEN j.state = 'running' THEN trio_jobs_attempt_push(j.attempt_log,
+            j.attempts, j.attempt_worker, j.attempt_at, j.attempt_step, j.attempt_step_at,
+            n.now, 'lapsed', 'X_JOB_LEASE_LOST', %(lapsed_line)s) ELSE j.attempt_log END,
+        attempt_at = n.now, attempt_worker = %(worker_id)s, attempt_step = NULL,
+        attempt_step_at = NULL
     FROM pick p, n
     WHERE j.id = p.id
     RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.idempotency_key,
@@ -261,8 +266,10 @@ reoffered AS (
     UPDATE trio_jobs_jobs j SET
         state = 'ready', run_at = l.run_at, worker_id = NULL, claim = NULL,
         promoted = false, lapsed = true, updated_at = n.now,
-        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
-            %(lapsed_line)s)
+        attempt_log = trio_jobs_attempt_push(j.attempt_log, j.attempts, j.attempt_worker,
+            j.attempt_at, j.attempt_step, j.attempt_step_at, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
+            %(lapsed_line)s),
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM lapsed l, n
     WHERE j.id = l.id AND NOT l.final AND NOT EXISTS (SELECT 1 FROM pick p WHERE p.id = l.id)
 ),
@@ -272,8 +279,10 @@ buried AS (
         error_code = 'X_JOB_LEASE_LOST',
         last_error = format(%(lapse_message)s, j.attempts, j.max_attempts),
         worker_id = NULL, claim = NULL, updated_at = n.now,
-        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
-            %(lapsed_line)s)
+        attempt_log = trio_jobs_attempt_push(j.attempt_log, j.attempts, j.attempt_worker,
+            j.attempt_at, j.attempt_step, j.attempt_step_at, n.now, 'lapsed', 'X_JOB_LEASE_LOST',
+            %(lapsed_line)s),
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM lapsed l, n
     WHERE j.id = l.id AND l.final
     RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.state, j.error_code,
@@ -362,8 +371,8 @@ hit AS (
     UPDATE trio_jobs_jobs j SET
         state = 'done', result = l.result::json, worker_id = NULL,
         updated_at = n.now, progress = coalesce(l.progress::json, j.progress)
-        -- the attempt log's entry stays open: readers close a done row's with
-        -- its updated_at (trio_jobs_attempt_read), sparing the jsonb rewrite
+        -- the attempt's entry stays open in its columns: readers close a done
+        -- row's with its updated_at (trio_jobs_attempt_view)
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now
@@ -432,8 +441,10 @@ hit AS (
                       ELSE coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) END,
         waiting_event = CASE WHEN %(final)s THEN j.waiting_event ELSE %(waiting_event)s::text END,
         busy_key = CASE WHEN b.held THEN %(busy_key)s::text END,
-        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, %(outcome)s,
-            %(attempt_code)s::text, %(attempt_error)s::text)
+        attempt_log = trio_jobs_attempt_push(j.attempt_log, j.attempts, j.attempt_worker,
+            j.attempt_at, j.attempt_step, j.attempt_step_at, n.now, %(outcome)s,
+            %(attempt_code)s::text, %(attempt_error)s::text),
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM n, busy b
     WHERE j.id = %(id)s AND j.state = 'running' AND j.worker_id = %(worker_id)s
       AND j.claim = %(claim)s AND j.lease_expires_at > n.now
@@ -490,8 +501,10 @@ released AS (
         state = 'ready', attempts = j.attempts - 1, worker_id = NULL, claim = NULL,
         run_at = n.now, updated_at = n.now,
         error_code = 'X_DRIVER_UNAVAILABLE', last_error = %(message)s,
-        attempt_log = trio_jobs_attempt_end(j.attempt_log, n.now, 'handed-back',
-            'X_DRIVER_UNAVAILABLE', %(line)s)
+        attempt_log = trio_jobs_attempt_push(j.attempt_log, j.attempts, j.attempt_worker,
+            j.attempt_at, j.attempt_step, j.attempt_step_at, n.now, 'handed-back',
+            'X_DRIVER_UNAVAILABLE', %(line)s),
+        attempt_at = NULL, attempt_worker = NULL, attempt_step = NULL, attempt_step_at = NULL
     FROM orphans o, n
     WHERE j.id = o.id
     RETURNING j.id, j.queue
@@ -528,8 +541,8 @@ renewed AS (
     UPDATE trio_jobs_jobs j SET
         lease_expires_at = n.now + %(visibility)s,
         progress = coalesce(l.progress::json, j.progress),
-        -- the step in progress, on the attempt log's open entry
-        attempt_log = trio_jobs_attempt_step(j.attempt_log, l.step, l.step_since)
+        -- the step in progress, on the open entry's columns
+        attempt_step = l.step, attempt_step_at = l.step_since
     FROM locked l, n
     WHERE j.id = l.id
     RETURNING j.id, j.worker_id, j.claim, l.ord

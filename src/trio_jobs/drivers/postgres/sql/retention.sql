@@ -16,14 +16,27 @@
 -- and the DELETE tests `expires_at` again on the row it locked: one an
 -- acquisition renewed meanwhile stays. (The rest of a longer list goes at the
 -- next sweep.)
-WITH doomed AS (
+-- Done rows come through the listing index (created_at, id), oldest first: a
+-- done row settled before the cut was created before it (0021: an ack enters
+-- no retention index); the others through the retention index, oldest settled
+-- first, up to what the done rows left of `limit`.
+WITH done AS (
     SELECT j.id FROM trio_jobs_jobs j
-    WHERE j.state IN ('done', 'failed', 'dead', 'cancelled')
-      AND j.updated_at < CASE WHEN j.state = 'done' THEN %(done_before)s::float8
-                              ELSE %(dead_before)s::float8 END
-    ORDER BY j.updated_at
+    WHERE j.created_at < %(done_before)s::float8
+      AND j.state = 'done' AND j.updated_at < %(done_before)s::float8
+    ORDER BY j.created_at, j.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+ended AS (
+    SELECT j.id FROM trio_jobs_jobs j
+    WHERE j.state IN ('failed', 'dead', 'cancelled') AND j.updated_at < %(dead_before)s::float8
+    ORDER BY j.updated_at
+    LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM done))
+    FOR UPDATE SKIP LOCKED
+),
+doomed AS (
+    SELECT id FROM done UNION ALL SELECT id FROM ended
 ),
 gone AS (
     DELETE FROM trio_jobs_jobs j USING doomed d

@@ -48,11 +48,18 @@ CREATE TABLE trio_jobs_jobs (
     sensitive        boolean,
     -- the concurrency lease key this ready row waits on (a busy-key hand-back)
     busy_key         text,
-    -- the newest 20 claims, oldest first (see trio_jobs_attempt_begin); NULL: none yet
+    -- the attempts that ended otherwise than done, newest 20, oldest first
+    -- (trio_jobs_attempt_push); NULL: none yet
     attempt_log      jsonb,
     -- enqueued by a job declaring unique_for= (NULL otherwise): its key stays
     -- taken after it settles (0017)
-    unique_key       boolean
+    unique_key       boolean,
+    -- the open attempt (0020): when it was claimed (NULL: none open), by whom,
+    -- and the step its last heartbeat reported
+    attempt_at       float8,
+    attempt_worker   text,
+    attempt_step     text,
+    attempt_step_at  float8
 );
 
 -- One live row per (name, tenant, key): the dedupe. A NULL tenant is one tenant
@@ -80,10 +87,12 @@ CREATE INDEX trio_jobs_jobs_waiting_idx
 -- Listing, newest first (keyset on (created_at, id)).
 CREATE INDEX trio_jobs_jobs_created_idx ON trio_jobs_jobs (created_at, id);
 
--- Retention: terminal rows by when they settled (the hourly purge).
+-- Retention (the hourly purge): failed, dead and cancelled rows by when they
+-- settled. Done rows are not in it (0021: an ack writes no entry here); the
+-- purge finds them through the listing index, created_at before the cut.
 CREATE INDEX trio_jobs_jobs_settled_idx
     ON trio_jobs_jobs (updated_at)
-    WHERE state IN ('done', 'failed', 'dead', 'cancelled');
+    WHERE state IN ('failed', 'dead', 'cancelled');
 
 -- unique_for=: the settled rows of a key that stays taken, newest last.
 CREATE INDEX trio_jobs_jobs_unique_settled_idx
@@ -150,55 +159,43 @@ CREATE TRIGGER trio_jobs_leases_wake_waiter
     AFTER DELETE ON trio_jobs_leases
     FOR EACH ROW EXECUTE FUNCTION trio_jobs_wake_waiter();
 
--- Open an entry for a new claim, dropping the oldest past 20.
-CREATE FUNCTION trio_jobs_attempt_begin(log jsonb, attempt integer, worker text, at float8)
+-- Push an entry onto a log (at NULL: nothing to push, the log as it was),
+-- keeping the newest 20. `ended` NULL pushes it open (a reader's view of a
+-- running attempt).
+CREATE FUNCTION trio_jobs_attempt_push(log jsonb, attempt integer, worker text, at float8,
+    step text, step_at float8, ended float8, outcome text, code text, message text)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT (CASE WHEN jsonb_array_length(coalesce(log, '[]'::jsonb)) >= 20 THEN log - 0
-                 ELSE coalesce(log, '[]'::jsonb) END)
-        || jsonb_build_array(jsonb_build_object(
-            'attempt', attempt, 'worker_id', worker, 'started_at', at))
+    SELECT CASE WHEN at IS NULL THEN log
+        ELSE (CASE WHEN jsonb_array_length(coalesce(log, '[]'::jsonb)) >= 20 THEN log - 0
+                   ELSE coalesce(log, '[]'::jsonb) END)
+            || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                'attempt', attempt, 'worker_id', worker, 'started_at', at,
+                'step', step, 'step_started_at', step_at, 'ended_at', ended,
+                'outcome', outcome, 'error_code', code, 'error', message)))
+    END
 $$;
 
--- Close the open entry (none open: the log as it was).
-CREATE FUNCTION trio_jobs_attempt_end(log jsonb, at float8, outcome text, code text, message text)
+-- The log as readers see it: the pushed entries, then the open one (ended as
+-- done at the row's settle time when the row is done). It spells
+-- trio_jobs_attempt_push's body out (0030): its body names no other trio-jobs
+-- object, since an inlined SQL function resolves names on the caller's
+-- search_path, which a pooled statement does not set.
+CREATE FUNCTION trio_jobs_attempt_view(log jsonb, attempt integer, worker text, at float8,
+    step text, step_at float8, state text, settled_at float8)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN log IS NULL OR jsonb_array_length(log) = 0 OR (log -> -1) ? 'ended_at'
-                THEN log
-                ELSE jsonb_set(log, '{-1}', (log -> -1) || jsonb_strip_nulls(jsonb_build_object(
-                    'ended_at', at, 'outcome', outcome, 'error_code', code, 'error', message)))
-           END
-$$;
-
--- The step the open entry's run is in now (NULL: between steps).
-CREATE FUNCTION trio_jobs_attempt_step(log jsonb, step text, since float8)
-RETURNS jsonb
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT CASE WHEN log IS NULL OR jsonb_array_length(log) = 0 OR (log -> -1) ? 'ended_at'
-                THEN log
-                ELSE jsonb_set(log, '{-1}', ((log -> -1) - 'step' - 'step_started_at')
-                    || jsonb_strip_nulls(jsonb_build_object('step', step, 'step_started_at', since)))
-           END
-$$;
-
--- A stored log as readers see it: a done row's last entry, left open by the
--- ack (0011), closed with the row's settle time. Its body names no other
--- trio-jobs object (0030): an inlined SQL function resolves names on the
--- caller's search_path, which a pooled statement does not set.
-CREATE FUNCTION trio_jobs_attempt_read(log jsonb, state text, settled_at float8)
-RETURNS jsonb
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT CASE WHEN state <> 'done' OR log IS NULL OR jsonb_array_length(log) = 0
-                     OR (log -> -1) ? 'ended_at'
-                THEN log
-                ELSE jsonb_set(log, '{-1}', (log -> -1) || jsonb_strip_nulls(jsonb_build_object(
-                    'ended_at', settled_at, 'outcome', 'done')))
-           END
+    SELECT CASE WHEN at IS NULL THEN log
+        ELSE (CASE WHEN jsonb_array_length(coalesce(log, '[]'::jsonb)) >= 20 THEN log - 0
+                   ELSE coalesce(log, '[]'::jsonb) END)
+            || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                'attempt', attempt, 'worker_id', worker, 'started_at', at,
+                'step', step, 'step_started_at', step_at,
+                'ended_at', CASE WHEN state = 'done' THEN settled_at END,
+                'outcome', CASE WHEN state = 'done' THEN 'done' END)))
+    END
 $$;
 
 CREATE TABLE trio_jobs_events (
