@@ -34,6 +34,7 @@ from .. import _ambient
 from .._attempt import LEGAL, Attempt, Phase
 from .._declare import Job
 from .._facade import Jobs, open_jobs
+from .._store import INLINE as store_inline
 from .._task import tasks_of
 from .._time import UuidSource
 from .._worker import Worker
@@ -1071,6 +1072,7 @@ async def _simulate(
 
     async def main(clock: _VirtualClock) -> None:
         _seed_trio_scheduler(seed)
+        store_inline.set(True)  # no worker threads the arbiter cannot see
         async with (
             open_jobs(sim.driver, jobs=jobs, ids=ids) as _facade,
             trio.open_nursery() as outer,
