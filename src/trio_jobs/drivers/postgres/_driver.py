@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from operator import attrgetter
 from typing import Any
 
+import attrs
 import outcome
 import psycopg
 import trio
@@ -119,6 +120,8 @@ _SHARED_SCALARS = (
     "run_at",
     "delay",
     "sensitive",
+    "parent_id",
+    "parent_wait",
 )
 _SHARED_JSON = ("actor", "trace_context")
 
@@ -187,6 +190,8 @@ def _row_params(r: EnqueueRequest) -> dict[str, Any]:
         "actor": _json_or_none(r.actor),
         "trace_context": _json_or_none(r.trace_context),
         "sensitive": r.sensitive,
+        "parent_id": r.parent_id,
+        "parent_wait": r.parent_wait,
     }
 
 
@@ -399,6 +404,34 @@ class PostgresDriver:
         return await self._enqueue(self._fetch, requests, after_commit=None)
 
     async def _enqueue(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        out = await self._enqueue_rows(run, requests, after_commit=after_commit)
+        if any(r.parent_wait is not None for r in requests):
+            await self._adopt(run, requests, out)
+        return out
+
+    async def _adopt(
+        self, run: _Run, requests: Sequence[EnqueueRequest], out: Sequence[EnqueueResult]
+    ) -> None:
+        """A step's children counted on its wait (children_adopt), in the
+        transaction that enqueued them: only those that inserted."""
+        counts: dict[tuple[str, str], int] = {}
+        for r, got in zip(requests, out, strict=True):
+            if r.parent_wait is not None and r.parent_id is not None and not got.deduped:
+                key = (r.parent_id, r.parent_wait)
+                counts[key] = counts.get(key, 0) + 1
+        for (parent_id, wait), count in sorted(counts.items()):
+            await run(
+                "children_adopt",
+                {"parent_id": parent_id, "wait": wait, "count": count, "channel": self.channel},
+            )
+
+    async def _enqueue_rows(
         self,
         run: _Run,
         requests: Sequence[EnqueueRequest],
@@ -737,6 +770,15 @@ class PostgresDriver:
         if not rows or not rows[0][0]:
             return False
         _count, notified, queue, run_at, now, freed = rows[0]
+        if options.wait_children and options.children_wait and options.state == "suspended":
+            # Suspended on its children: the wait is marked, or, every child
+            # having settled since the run read them, the run is due now.
+            due = await self._fetch(
+                "children_wait",
+                {"id": job_id, "wait": options.children_wait, "channel": self.channel},
+            )
+            if due and due[0][0] is not None:
+                run_at = now
         if notified:
             self._mark_notified([queue])
         if freed or (not final and run_at is not None and float(run_at) <= float(now)):
@@ -1002,13 +1044,12 @@ class _PgSteps:
         return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
 
     async def children(self, ids: Sequence[str]) -> builtins.list[ChildState]:
-        raise JobsError(
-            ErrorCode.X_NOT_IMPLEMENTED,
-            "the PostgreSQL driver does not run child jobs yet (step.invoke/step.gather need "
-            "a child's settle to make its parent due in the settle's own statement while "
-            "every statement locks job rows in one order; that design is not done); use the "
-            "memory driver for them, or enqueue_many with a counter the last child publishes",
-        )
+        if not ids:
+            self._d.db  # noqa: B018 — a closed driver refuses even an empty read
+            return []
+        rows = await self._d._fetch("children", {"ids": list(ids)})
+        found = {r[0]: ChildState(r[0], r[1], r[2], r[3]) for r in rows}
+        return [found.get(i) or ChildState(i, "cancelled", None, ErrorCode.X_ABORTED) for i in ids]
 
 
 # --------------------------------------------------------------------------- events
@@ -1215,7 +1256,8 @@ class _PgIntrospection:
         if not rows:
             raise _not_found()
         steps = await run("show_steps", {"id": job_id})
-        return self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        view = self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        return attrs.evolve(view, parent_id=rows[0][22], children=tuple(rows[0][23] or ()))
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_Run]:
@@ -1334,6 +1376,9 @@ class _PgIntrospection:
             raise _not_found()
         last_error = f"{ErrorCode.X_ABORTED}: cancelled" + (f": {reason}" if reason else "")
         async with self._tx() as run:
+            # The job and its live descendants, locked in id order first: a
+            # cancelled parent cancels its live children (and theirs).
+            family = await run("lock_family", {"id": key})
             row = await self._locked_row(run, key)
             if row[4] not in LIVE_STATES:
                 raise JobsError(
@@ -1344,6 +1389,15 @@ class _PgIntrospection:
                 "cancel_row",
                 {"id": key, "last_error": last_error, "line": CANCELLED_LINE},
             )
+            if len(family) > 1:
+                await run(
+                    "cancel_descendants",
+                    {
+                        "id": key,
+                        "last_error": f"{ErrorCode.X_ABORTED}: cancelled: its parent was cancelled",
+                        "line": "cancelled: its parent was cancelled",
+                    },
+                )
             return await self._show_in(run, key)
 
     async def remove(self, job_id: str) -> None:

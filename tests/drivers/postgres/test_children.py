@@ -1,0 +1,108 @@
+"""Child jobs on PostgreSQL: the child's settle wakes its parent in the settle's
+own statement (trigger, 0018), cancellation flows to live children, and
+``show`` names the tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from trio_jobs import ErrorCode, JobContext, Retry, Worker, job, open_jobs
+from trio_jobs.drivers.postgres import postgres_driver
+
+from .conftest import sql
+
+pytestmark = pytest.mark.postgres
+
+resumed: list[Any] = []
+
+
+@job(input=int, idempotency_key=lambda n: str(n))
+async def square(ctx: JobContext[int]) -> int:
+    return ctx.input * ctx.input
+
+
+@job(input=int, idempotency_key=lambda n: str(n), retry=Retry(attempts=1))
+async def boom(ctx: JobContext[int]) -> int:
+    raise ValueError("no")
+
+
+@job(input=int, idempotency_key=lambda n: str(n))
+async def sleeper(ctx: JobContext[int]) -> int:
+    await ctx.step.sleep("1h")
+    return 1
+
+
+@job(input=str, idempotency_key=lambda k: k, event_poll="1h", retry=Retry(attempts=1))
+async def parent(ctx: JobContext[str]) -> Any:
+    if ctx.input == "fail":
+        return await ctx.step.invoke("one", boom, 1)
+    if ctx.input == "hang":
+        return await ctx.step.gather("all", [(sleeper, n) for n in range(3)])
+    one = await ctx.step.invoke("one", square, 3)
+    many = await ctx.step.gather("many", [(square, n) for n in range(50)])
+    resumed.append(ctx.input)
+    return {"one": one, "many": sum(many)}
+
+
+async def _until(jobs: Any, job_id: str, *states: str) -> Any:
+    with trio.fail_after(30):
+        while True:
+            view = await jobs.show(job_id)
+            if view.state in states:
+                return view
+            await trio.sleep(0.05)
+
+
+async def test_a_parent_gathers_its_children_and_shows_the_tree(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    resumed.clear()
+    jobs_list = [parent, square, boom, sleeper]
+    async with open_jobs(postgres_driver(pg_dsn, schema=pg_schema), jobs=jobs_list) as jobs:
+        enq = await parent.enqueue("ok")
+        failing = await parent.enqueue("fail")
+        worker = Worker(jobs, queues=["default"], concurrency={"default": 4}, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            view = await _until(jobs, enq.id, "done", "dead")
+            bad = await _until(jobs, failing.id, "done", "dead")
+            await worker.drain()
+        assert view.state == "done"
+        assert view.result == {"one": 9, "many": sum(n * n for n in range(50))}
+        assert resumed == ["ok"]
+        assert len(view.children) == 51
+        assert view.parent_id is None
+        child = await jobs.show(view.children[0])
+        assert child.parent_id == enq.id
+        assert child.children == ()
+        assert bad.state == "dead"
+        assert bad.error_code == ErrorCode.X_CHILD_FAILED
+    pending = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT count(*) FROM trio_jobs_child_waits WHERE parent_id = %s",
+        (enq.id,),
+    )
+    assert pending == [(0,)]  # every wait counted down to zero and gone
+
+
+async def test_cancelling_a_parent_cancels_its_live_children(pg_dsn: str, pg_schema: str) -> None:
+    jobs_list = [parent, square, boom, sleeper]
+    async with open_jobs(postgres_driver(pg_dsn, schema=pg_schema), jobs=jobs_list) as jobs:
+        enq = await parent.enqueue("hang")
+        worker = Worker(jobs, queues=["default"], concurrency={"default": 4}, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await _until(jobs, enq.id, "suspended")
+            view = await jobs.show(enq.id)
+            while len(view.children) < 3:
+                view = await jobs.show(enq.id)
+            for c in view.children:
+                await _until(jobs, c, "delayed")
+            await jobs.cancel(enq.id)
+            await worker.drain()
+        states = [(await jobs.show(c)).state for c in view.children]
+    assert states == ["cancelled"] * 3
