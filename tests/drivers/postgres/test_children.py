@@ -106,3 +106,40 @@ async def test_cancelling_a_parent_cancels_its_live_children(pg_dsn: str, pg_sch
             await worker.drain()
         states = [(await jobs.show(c)).state for c in view.children]
     assert states == ["cancelled"] * 3
+
+
+@job(input=int, idempotency_key=lambda n: f"noop:{n}", name="pgchild.noop")
+async def noop(ctx: JobContext[int]) -> int:
+    return ctx.input
+
+
+@job(input=int, idempotency_key=lambda n: f"fan:{n}", name="pgchild.fan", event_poll="1h")
+async def fan(ctx: JobContext[int]) -> int:
+    got = await ctx.step.gather("all", [(noop, i) for i in range(ctx.input)])
+    assert got == list(range(ctx.input))
+    return len(got)
+
+
+async def test_a_gather_of_a_thousand_children_resumes_once_with_their_results(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    async with open_jobs(postgres_driver(pg_dsn, schema=pg_schema), jobs=[fan, noop]) as jobs:
+        enq = await fan.enqueue(1_000)
+        worker = Worker(jobs, concurrency={"default": 50}, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            view = await _until(jobs, enq.id, "done", "dead")
+            await worker.drain()
+        assert view.state == "done", view.last_error
+        assert view.result == 1_000
+        assert len(view.children) == 1_000
+        # one waiting record, then completed: the children were enqueued once
+        (step,) = [s for s in view.steps if s.name == "all"]
+        assert step.status == "completed"
+    rows = sql(
+        pg_dsn,
+        pg_schema,
+        "SELECT count(*), count(DISTINCT idempotency_key) FROM trio_jobs_jobs WHERE parent_id = %s",
+        (enq.id,),
+    )
+    assert rows == [(1_000, 1_000)]

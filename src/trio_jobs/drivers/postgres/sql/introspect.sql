@@ -13,7 +13,7 @@ SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempo
     trio_jobs_attempt_read(attempt_log, state, updated_at), parent_id::text,
     -- the runs its step.invoke/step.gather enqueued, oldest first (0018)
     ARRAY(SELECT c.id::text FROM trio_jobs_jobs c WHERE c.parent_id = j.id
-          ORDER BY c.created_at, c.id)
+          ORDER BY c.seq)
 FROM trio_jobs_jobs j WHERE id = %(id)s;
 
 -- name: attempt_log
