@@ -879,15 +879,15 @@ async def _children(
     raise Handback("suspended", wake, wait_children=True, children_wait=wait)
 
 
-async def _enqueue_children(
+def child_requests(
     s: RunState,
     step_name: str,
     calls: list[tuple[Job[Any, Any], Any]],
-    timeout_s: float | None,
     old: StepRecord | None,
-) -> StepRecord:
-    """Stage the children and write the step's ``waiting`` record in one
-    transaction: both land, or neither."""
+) -> list[EnqueueRequest]:
+    """The rows a step's children are: each under the key ``<run id>:<step>``
+    (``:<index>`` per call of a gather, ``#<execution>`` after a failed one),
+    naming this run as their parent and the step's wait (its first child's id)."""
     claimed = s.claimed
     key = f"{claimed.run_id}:{step_name}"
     requests: list[EnqueueRequest] = []
@@ -919,6 +919,21 @@ async def _enqueue_children(
     # The step's wait: its first child's id names it on every child.
     wait = requests[0].id if requests else None
     requests = [attrs.evolve(r, parent_wait=wait) for r in requests]
+    return requests
+
+
+async def _enqueue_children(
+    s: RunState,
+    step_name: str,
+    calls: list[tuple[Job[Any, Any], Any]],
+    timeout_s: float | None,
+    old: StepRecord | None,
+) -> StepRecord:
+    """Stage the children and write the step's ``waiting`` record in one
+    transaction: both land, or neither."""
+    claimed = s.claimed
+    requests = child_requests(s, step_name, calls, old)
+    wait = requests[0].id if requests else None
     await s.hit("before-step", step_name)
     now = s.driver.now()
     executions = (old.executions if old is not None else 0) + 1
