@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_jobs import ErrorCode, JobContext, Retry, Worker, job, open_jobs
+from trio_jobs import MAX_ENQUEUE_BATCH, ErrorCode, JobContext, Retry, Worker, job, open_jobs
 from trio_jobs.drivers.postgres import postgres_driver
 
 from .conftest import sql
@@ -143,3 +143,73 @@ async def test_a_gather_of_a_thousand_children_resumes_once_with_their_results(
         (enq.id,),
     )
     assert rows == [(1_000, 1_000)]
+
+
+@job(input=int, idempotency_key=lambda n: f"stranger:{n}", name="pgchild.stranger")
+async def stranger(ctx: JobContext[int]) -> int:
+    return 1
+
+
+@job(input=str, idempotency_key=lambda k: k, name="pgchild.bad", retry=Retry(attempts=1))
+async def bad_parent(ctx: JobContext[str]) -> Any:
+    if ctx.input == "stranger":
+        return await ctx.step.invoke("one", stranger, 1)
+    if ctx.input == "too-many":
+        return await ctx.step.gather("all", [(noop, n) for n in range(MAX_ENQUEUE_BATCH + 1)])
+    if ctx.input == "not-a-pair":
+        return await ctx.step.gather("all", [noop])  # type: ignore[list-item]
+    return await ctx.step.invoke("one", noop, 1, timeout="soon")
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "named"),
+    [
+        ("stranger", ErrorCode.X_JOB_DECLARATION_INVALID, "pgchild.stranger"),
+        ("too-many", ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE, "at most"),
+        ("not-a-pair", ErrorCode.X_JOB_DECLARATION_INVALID, "(job, input) pairs"),
+        ("bad-timeout", ErrorCode.X_JOB_DECLARATION_INVALID, "timeout"),
+    ],
+)
+async def test_bad_child_calls_are_refused_and_nothing_is_written(
+    pg_dsn: str, pg_schema: str, case: str, code: str, named: str
+) -> None:
+    async with open_jobs(
+        postgres_driver(pg_dsn, schema=pg_schema), jobs=[bad_parent, noop]
+    ) as jobs:
+        enq = await bad_parent.enqueue(case)
+        worker = Worker(jobs, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            view = await _until(jobs, enq.id, "dead")
+            await worker.drain()
+    assert view.error_code == code
+    assert named in (view.last_error or "")
+    assert view.children == ()
+    assert [s.name for s in view.steps] == []  # no step record
+    rows = sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs WHERE parent_id IS NOT NULL")
+    waits = sql(pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_child_waits")
+    assert (rows, waits) == ([(0,)], [(0,)])
+
+
+@job(input=str, idempotency_key=lambda k: k, name="pgchild.impatient", retry=Retry(attempts=1))
+async def impatient(ctx: JobContext[str]) -> Any:
+    return await ctx.step.invoke("slow", sleeper, 7, timeout="1s")
+
+
+async def test_a_child_that_outlasts_the_timeout_raises_child_timeout_and_keeps_running(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    async with open_jobs(
+        postgres_driver(pg_dsn, schema=pg_schema), jobs=[impatient, sleeper]
+    ) as jobs:
+        enq = await impatient.enqueue("t")
+        worker = Worker(jobs, poll_interval="50ms")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            view = await _until(jobs, enq.id, "dead")
+            await worker.drain()
+        child = await jobs.show(view.children[0])
+    assert view.error_code == ErrorCode.X_CHILD_TIMEOUT
+    assert child.id in (view.last_error or "")
+    assert child.state == "delayed"  # asleep in its own step, still live
+    assert child.parent_id == enq.id
