@@ -240,9 +240,9 @@ async def cp_parent(ctx: JobContext[int]) -> int:
 
 async def test_crash_proof_walks_the_child_boundaries(autojump_clock: Any) -> None:
     """A kill before a child's enqueue, after it, and before the parent resumes
-    leaves the same end: the parent done with its children's results, no child
-    enqueued twice (the comparison includes every step's stored output, whose
-    child ids are the enqueued ones)."""
+    leaves the same end: the parent done with its children's results (state,
+    result and every step's stored output compared). That no child is enqueued
+    twice is the simulation's check (the children scenario, its planted bug)."""
     from trio_jobs.testing import crash_proof
 
     report = await crash_proof(cp_parent, 3, observe=None, jobs=[cp_kid])

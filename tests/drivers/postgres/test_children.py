@@ -213,3 +213,34 @@ async def test_a_child_that_outlasts_the_timeout_raises_child_timeout_and_keeps_
     assert child.id in (view.last_error or "")
     assert child.state == "delayed"  # asleep in its own step, still live
     assert child.parent_id == enq.id
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="pgcp.kid", retry=Retry(attempts=5))
+async def cp_kid(ctx: JobContext[int]) -> int:
+    return ctx.input * ctx.input
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="pgcp.parent", retry=Retry(attempts=5))
+async def cp_parent(ctx: JobContext[int]) -> int:
+    one = await ctx.step.invoke("one", cp_kid, ctx.input)
+    many = await ctx.step.gather("many", [(cp_kid, i) for i in range(3)])
+    return int(one + sum(many))
+
+
+async def test_crash_proof_walks_the_child_boundaries_on_postgres(pg_dsn: str) -> None:
+    """Killed before a child's enqueue, after it, before the parent resumes and
+    after its record, on PostgreSQL (the gate's throwaway schema): every run
+    ends as the clean one (state, result, every step's stored output). That
+    no child is enqueued twice is the simulation's check (the children
+    scenario and its planted bug)."""
+    from trio_jobs.testing._crash import _crash_proof
+    from trio_jobs.testing._pg_ground import open_postgres_ground
+
+    async with open_postgres_ground(pg_dsn) as ground:
+        report = await _crash_proof(
+            cp_parent, 3, observe=None, reset=None, jobs=[cp_kid], ground=ground
+        )
+    for step in ("one", "many"):
+        for boundary in ("before-step", "after-enqueue", "before-resume", "after-record"):
+            assert f"{boundary}:{step}" in report.points, (boundary, step, report.points)
+    assert report.reference[0] == 14
