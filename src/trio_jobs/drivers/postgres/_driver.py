@@ -736,8 +736,31 @@ class PostgresDriver:
             raise
 
     async def _nack(self, job_id: str, options: NackOptions, again: bool) -> bool:
+        if options.wait_children and options.children_wait and options.state == "suspended":
+            # Suspended on its children: the hand-back and the wait's mark (or,
+            # every child having settled since the run read them, the run made
+            # due now) in one transaction, so no crash can leave a parent
+            # suspended on a wait whose last settle will not wake it.
+            wait = options.children_wait
+            async with self.db.transaction() as tx:
+
+                async def run(name: str, params: Mapping[str, Any]) -> list[Row]:
+                    return await tx.execute(query(name), {"now": self._now_param(), **params})
+
+                landed = await self._nack_in(run, job_id, options, again)
+                if not landed:
+                    return False
+                due = await run(
+                    "children_wait", {"id": job_id, "wait": wait, "channel": self.channel}
+                )
+            if due and due[0][0] is not None:
+                self._fire([str(due[0][0])])
+            return True
+        return await self._nack_in(self._fetch, job_id, options, again)
+
+    async def _nack_in(self, run: _Run, job_id: str, options: NackOptions, again: bool) -> bool:
         final = options.state in ("dead", "failed")
-        rows = await self._fetch(
+        rows = await run(
             "nack",
             {
                 "id": job_id,
@@ -770,15 +793,6 @@ class PostgresDriver:
         if not rows or not rows[0][0]:
             return False
         _count, notified, queue, run_at, now, freed = rows[0]
-        if options.wait_children and options.children_wait and options.state == "suspended":
-            # Suspended on its children: the wait is marked, or, every child
-            # having settled since the run read them, the run is due now.
-            due = await self._fetch(
-                "children_wait",
-                {"id": job_id, "wait": options.children_wait, "channel": self.channel},
-            )
-            if due and due[0][0] is not None:
-                run_at = now
         if notified:
             self._mark_notified([queue])
         if freed or (not final and run_at is not None and float(run_at) <= float(now)):
