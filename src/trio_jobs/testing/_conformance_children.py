@@ -130,6 +130,24 @@ class ChildrenConformance:
         (again,) = (await d.claim(_claim("parents"))).jobs
         assert again.id == parent.id
 
+    async def test_a_live_child_of_an_earlier_step_does_not_hold_up_a_later_one(
+        self, target: Target
+    ) -> None:
+        """A child its step gave up on (X_CHILD_TIMEOUT: it keeps running) is
+        counted on its own step's wait, not on the next step's."""
+        d = target.driver
+        parent = await _parent(target)
+        stuck = await _spawn(target, parent, 1, step="slow")
+        later = await _spawn(target, parent, 2, step="next")
+        assert await d.nack(parent.id, _suspend(parent, later))
+        kids = (await d.claim(_claim("kids"))).jobs
+        for kid in kids:
+            if kid.id in later:
+                assert await d.ack(kid.id, AckOptions(kid.fence, result=1))
+        assert [j.id for j in (await d.claim(_claim("parents"))).jobs] == [parent.id]
+        (slow,) = await d.steps.children(stuck)
+        assert not slow.settled
+
     async def test_a_parent_waiting_on_live_children_is_not_due(self, target: Target) -> None:
         d = target.driver
         parent = await _parent(target)
