@@ -1,6 +1,7 @@
 """A parent gathering no-op children on PostgreSQL, beside the same fan-out by hand.
 
     python -m benchmarks children [--dsn DSN] [--children 1000] [--rounds 3] [--slots 50]
+    python -m benchmarks children --trigger-cost [--rounds 24]
 
 Built-in: a parent's ``step.gather`` of ``--children`` no-op children (the
 children enqueued in the transaction that records the step; the parent
@@ -19,6 +20,10 @@ is faster), and the statements per child: every named statement the driver
 sent during the run (its ``query()`` calls) and every app statement of a
 ``step.transaction`` (the hand-built counter's), divided by the children;
 BEGIN/COMMIT and the benchmark's own ``show`` reads are not counted.
+
+``--trigger-cost`` measures instead what the child triggers (migration 0018)
+cost rows that are no children: one ``UPDATE`` settling 3,000 running rows,
+per row, with the triggers enabled and disabled, alternated ``--rounds`` times.
 
 The database is ``--dsn``, else ``$DATABASE_URL``, else
 ``postgresql://postgres@127.0.0.1:5432/test``; the run works in a fresh schema
@@ -43,7 +48,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from trio_jobs import JobContext, Worker, job, open_jobs, publish_event
 from trio_jobs.drivers.postgres import _driver as pg_driver
-from trio_jobs.drivers.postgres import postgres_driver
+from trio_jobs.drivers.postgres import migrate, postgres_driver
 
 #: When each parent run first started and first resumed (time.monotonic()).
 STARTED: dict[str, float] = {}
@@ -168,6 +173,36 @@ async def _runs(dsn: str, schema: str, n: int, rounds: int, slots: int) -> list[
     return out
 
 
+TRIGGERS = ("trio_jobs_jobs_child_note", "trio_jobs_jobs_child_flush")
+
+
+def trigger_cost(dsn: str, schema: str, rounds: int, rows: int = 3_000) -> dict[str, list[float]]:
+    """Microseconds a row of one settle of ``rows`` non-child rows, triggers on and off."""
+    trio.run(lambda: migrate(dsn, schema=schema))
+    out: dict[str, list[float]] = {"on": [], "off": []}
+    with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+        for r in range(rounds):
+            for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                verb = "ENABLE" if mode == "on" else "DISABLE"
+                for trigger in TRIGGERS:
+                    conn.execute(f"ALTER TABLE trio_jobs_jobs {verb} TRIGGER {trigger}".encode())
+                queue = f"q{r}{mode}"
+                conn.execute(
+                    "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, "
+                    "idempotency_key, max_attempts, priority, state, run_at, created_at, "
+                    "updated_at) SELECT gen_random_uuid(), gen_random_uuid(), 'n', %s, '{}', "
+                    "g::text, 1, 0, 'running', 0, 0, 0 FROM generate_series(1, %s) g",
+                    (queue, rows),
+                )
+                started = time.perf_counter()
+                conn.execute(
+                    "UPDATE trio_jobs_jobs SET state = 'done', updated_at = 1 WHERE queue = %s",
+                    (queue,),
+                )
+                out[mode].append((time.perf_counter() - started) / rows * 1e6)
+    return out
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks children")
     parser.add_argument(
@@ -177,6 +212,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--children", type=int, default=1_000, help="Children per parent.")
     parser.add_argument("--rounds", type=int, default=3, help="Runs of each kind, alternated.")
     parser.add_argument("--slots", type=int, default=50, help="The worker's slots.")
+    parser.add_argument(
+        "--trigger-cost", action="store_true", help="The triggers' cost on non-child settles."
+    )
     args = parser.parse_args(list(argv))
     schema = f"tjbench_children_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
@@ -184,6 +222,16 @@ def main(argv: Sequence[str]) -> int:
         admin.execute(
             f'CREATE TABLE "{schema}".bench_fanin (tag text PRIMARY KEY, remaining int NOT NULL)'
         )
+    if args.trigger_cost:
+        try:
+            cost = trigger_cost(args.dsn, schema, args.rounds)
+        finally:
+            with psycopg.connect(args.dsn, autocommit=True) as admin:
+                admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        on, off = statistics.median(cost["on"]), statistics.median(cost["off"])
+        print(f"settling 3,000 non-child rows in one UPDATE, {args.rounds} rounds alternated:")
+        print(f"triggers on {on:.1f} us a row, off {off:.1f} us a row (median): {on / off:.3f}x")
+        return 0
     _counting()
     try:
         runs = trio.run(_runs, args.dsn, schema, args.children, args.rounds, args.slots)
