@@ -31,6 +31,7 @@ SUITES: dict[str, str] = {
     "redis": "benchmarks.redis",
     "trio-primitives": "benchmarks.trio_primitives",
     "check-gate": "benchmarks.check_gate",
+    "children": "benchmarks.children",
     "data": "benchmarks.data",
     "subjects": "benchmarks.subjects",
     "webhooks": "benchmarks.webhooks",

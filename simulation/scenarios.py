@@ -375,6 +375,62 @@ def each_occurrence_once(world: World) -> None:
         assert due, f"{handle.name}: no occurrence fell due in the window"
 
 
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"part:{i.key}:{i.n}",
+    retry=Retry(attempts=20, base="1s", max_delay="10s"),
+)
+async def part(ctx: JobContext[Item]) -> int:
+    return ctx.input.n * ctx.input.n
+
+
+#: Children per parent: one invoke, then a gather of PARTS.
+PARTS = 4
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"fanout:{i.n}",
+    retry=Retry(attempts=20, base="1s", max_delay="10s"),
+    event_poll="10m",
+)
+async def fanout(ctx: JobContext[Item]) -> list[int]:
+    n = ctx.input.n
+    first = await ctx.step.invoke("first", part, Item(n, key=f"f{n}"))
+    rest = await ctx.step.gather("rest", [(part, Item(n + k, key=f"r{n}")) for k in range(PARTS)])
+    return [int(first), *(int(r) for r in rest)]
+
+
+def families_kept(world: World) -> None:
+    """Every parent resumes exactly once with its children's results in order:
+    its invoke and gather records completed once, holding the results of the
+    children they name, which are its children and done; no child is enqueued
+    twice (one row per parent and key, as many as the steps asked for)."""
+    all_settled(world)
+    views = {v.id: v for v in world.jobs}
+    for view in world.jobs:
+        if view.name != fanout.name:
+            continue
+        n = int(view.payload["n"])
+        expected = [n * n, *((n + k) ** 2 for k in range(PARTS))]
+        assert view.state == "done", f"parent {n} ended {view.state}: {view.last_error}"
+        assert view.result == expected, f"parent {n} resumed with {view.result}, not {expected}"
+        steps = world.driver._steps[view.id]
+        for name, count in (("first", 1), ("rest", PARTS)):
+            record = steps[name]
+            assert record.status == "completed", f"parent {n}'s {name} is {record.status}"
+            assert record.executions == 1, f"parent {n}'s {name} ran {record.executions} times"
+            assert len(record.output) == count, f"parent {n}'s {name} holds {record.output}"
+        kids = [views[c] for c in view.children]
+        keys = Counter(k.idempotency_key for k in kids)
+        twice = sorted(k for k, c in keys.items() if c > 1)
+        assert not twice, f"parent {n}: children enqueued twice under {twice}"
+        assert len(kids) == 1 + PARTS, f"parent {n} has {len(kids)} children, not {1 + PARTS}"
+        assert all(k.state == "done" and k.parent_id == view.id for k in kids), (
+            f"parent {n}: children {[(k.id[:8], k.state) for k in kids]}"
+        )
+
+
 def all_settled(world: World) -> None:
     unsettled = [v.id for v in world.jobs if v.state not in ("done", "dead", "failed", "cancelled")]
     assert not unsettled, f"{len(unsettled)} jobs never settled"
@@ -667,6 +723,13 @@ SCENARIOS: dict[str, Scenario] = {
             each_occurrence_once,
             Faults(crash=0.01, skew=3.0, pause=0.005, driver_errors=0.01),
             max_time=TASKS_RUN,
+        ),
+        Scenario(
+            "children",
+            [fanout, part],
+            lambda: [(fanout, Item(10 * i)) for i in range(10)],
+            families_kept,
+            Faults(crash=0.03, lease_loss=0.01, driver_errors=0.02, pause=0.005),
         ),
         Scenario(
             "consumers",

@@ -126,12 +126,14 @@ class Handback(BaseException):
         waiting_event: str | None = None,
         *,
         wait_children: bool = False,
+        children_wait: str | None = None,
     ) -> None:
         super().__init__(state)
         self.state = state
         self.run_at = run_at
         self.waiting_event = waiting_event
         self.wait_children = wait_children
+        self.children_wait = children_wait
 
 
 class ReplayStop(BaseException):
@@ -919,18 +921,19 @@ async def _children(
     # The last child's settle makes the run due; the poll is only a backstop.
     poll = s.handle.event_poll if s.handle.event_poll is not None else s.event_poll
     wake = now + poll if rec.deadline is None else min(rec.deadline, now + poll)
-    raise Handback("suspended", wake, wait_children=True)
+    wait = rec.output.get("wait") or (ids[0] if ids else None)
+    raise Handback("suspended", wake, wait_children=True, children_wait=wait)
 
 
-async def _enqueue_children(
+def child_requests(
     s: RunState,
     step_name: str,
     calls: list[tuple[Job[Any, Any], Any]],
-    timeout_s: float | None,
     old: StepRecord | None,
-) -> StepRecord:
-    """Stage the children and write the step's ``waiting`` record in one
-    transaction: both land, or neither."""
+) -> list[EnqueueRequest]:
+    """The rows a step's children are: each under the key ``<run id>:<step>``
+    (``:<index>`` per call of a gather, ``#<execution>`` after a failed one),
+    naming this run as their parent and the step's wait (its first child's id)."""
     claimed = s.claimed
     key = f"{claimed.run_id}:{step_name}"
     requests: list[EnqueueRequest] = []
@@ -949,7 +952,34 @@ async def _enqueue_children(
         child_key = key if len(calls) == 1 and old is None else f"{key}:{index}"
         if old is not None:
             child_key += f"#{old.executions + 1}"
-        requests.append(attrs.evolve(staged, idempotency_key=child_key, parent_id=claimed.id))
+        requests.append(
+            attrs.evolve(
+                staged,
+                idempotency_key=child_key,
+                parent_id=claimed.id,
+                # a child is enqueued once per parent step, under the step's own key
+                debounce=None,
+                unique_for=None,
+            )
+        )
+    # The step's wait: its first child's id names it on every child.
+    wait = requests[0].id if requests else None
+    requests = [attrs.evolve(r, parent_wait=wait) for r in requests]
+    return requests
+
+
+async def _enqueue_children(
+    s: RunState,
+    step_name: str,
+    calls: list[tuple[Job[Any, Any], Any]],
+    timeout_s: float | None,
+    old: StepRecord | None,
+) -> StepRecord:
+    """Stage the children and write the step's ``waiting`` record in one
+    transaction: both land, or neither."""
+    claimed = s.claimed
+    requests = child_requests(s, step_name, calls, old)
+    wait = requests[0].id if requests else None
     await s.hit("before-step", step_name)
     now = s.driver.now()
     executions = (old.executions if old is not None else 0) + 1
@@ -966,7 +996,7 @@ async def _enqueue_children(
                 status="waiting",
                 seq=seq,
                 executions=executions,
-                output={"children": ids},
+                output={"children": ids, "wait": wait},
                 deadline=now + timeout_s if timeout_s is not None else None,
                 started_at=now,
             )

@@ -21,14 +21,21 @@ from typing import Any
 
 import attrs
 
-from . import _consumer, _retry, _unwind
+from . import _consumer, _context, _retry, _unwind
 from ._attempt import Attempt
 from ._context import Compensator, RunState, Steps
 from ._context import _call as _context_call
 from ._facade import Transaction
 from ._scheduler import Scheduler
 from ._worker import Worker
-from .drivers._protocol import AckOptions, ClaimedJob, EventRecord, Fence, NackOptions
+from .drivers._protocol import (
+    AckOptions,
+    ClaimedJob,
+    EventRecord,
+    Fence,
+    NackOptions,
+    StepRecord,
+)
 from .drivers._tasks import TaskFire
 from .drivers.memory import _driver as memory
 from .drivers.memory import _rate as memory_rate
@@ -270,6 +277,40 @@ def _cursor_apart(stack: _Stack) -> None:
     stack.enter_context(_patched(_consumer, "save_in_batch", apart))
 
 
+def _children_apart(stack: _Stack) -> None:
+    """A step's children are enqueued outside the transaction that records the
+    step: committed on their own first, the step's ``waiting`` record written
+    after (a crash in between leaves children no record names; the replay
+    enqueues them again once the first ones have settled and freed their keys)."""
+
+    async def apart(
+        s: RunState,
+        step_name: str,
+        calls: list[tuple[Any, Any]],
+        timeout_s: float | None,
+        old: StepRecord | None,
+    ) -> StepRecord:
+        requests = _context.child_requests(s, step_name, calls, old)
+        await s.hit("before-step", step_name)
+        now = s.driver.now()
+        ids = [r.id for r in await s.driver.enqueue_many(requests)]
+        await s.hit("after-enqueue", step_name)
+        record = StepRecord(
+            name=step_name,
+            status="waiting",
+            seq=s.seq_for(step_name),
+            executions=(old.executions if old is not None else 0) + 1,
+            output={"children": ids, "wait": requests[0].id if requests else None},
+            deadline=now + timeout_s if timeout_s is not None else None,
+            started_at=now,
+        )
+        await s.put(record)
+        s.records[step_name] = record
+        return record
+
+    stack.enter_context(_patched(_context, "_enqueue_children", apart))
+
+
 _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "double-settle": _double_settle,
     "unfenced-settle": _unfenced_settle,
@@ -285,6 +326,7 @@ _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "rate-window-halved": _rate_window_halved,
     "watermark-apart": _watermark_apart,
     "cursor-apart": _cursor_apart,
+    "children-apart": _children_apart,
 }
 
 NAMES = frozenset(_PLANTERS)

@@ -1293,6 +1293,7 @@ class Worker:
                     run_at=handback.run_at,
                     waiting_event=handback.waiting_event,
                     wait_children=handback.wait_children,
+                    children_wait=handback.children_wait,
                     progress=state.progress,
                     duration=duration,
                 ),

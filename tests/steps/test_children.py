@@ -224,3 +224,30 @@ async def test_a_gather_of_a_thousand_children(n: int, autojump_clock: Any) -> N
         trace = await h.run(parent, Item("a"))
     assert trace.state == "done"
     assert trace.result == sum(k * k for k in range(n))
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="cp.kid", retry=Retry(attempts=5))
+async def cp_kid(ctx: JobContext[int]) -> int:
+    return ctx.input * ctx.input
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="cp.parent", retry=Retry(attempts=5))
+async def cp_parent(ctx: JobContext[int]) -> int:
+    one = await ctx.step.invoke("one", cp_kid, ctx.input)
+    many = await ctx.step.gather("many", [(cp_kid, i) for i in range(3)])
+    return int(one + sum(many))
+
+
+async def test_crash_proof_walks_the_child_boundaries(autojump_clock: Any) -> None:
+    """A kill before a child's enqueue, after it, and before the parent resumes
+    leaves the same end: the parent done with its children's results (state,
+    result and every step's stored output compared). That no child is enqueued
+    twice is the simulation's check (the children scenario, its planted bug)."""
+    from trio_jobs.testing import crash_proof
+
+    report = await crash_proof(cp_parent, 3, observe=None, jobs=[cp_kid])
+    for step in ("one", "many"):
+        for boundary in ("before-step", "after-enqueue", "before-resume", "after-record"):
+            assert f"{boundary}:{step}" in report.points, (boundary, step, report.points)
+    assert report.reference[1] == {"one": [9], "many": [0, 1, 4]}
+    assert report.reference[0] == 14

@@ -36,6 +36,7 @@ CATCHERS: dict[str, tuple[str, tuple[int, ...]]] = {
     "rate-window-halved": ("rate-limits", (1, 2, 3)),
     "watermark-apart": ("scheduled-tasks", (1, 2, 3)),
     "cursor-apart": ("consumers", (1, 2, 3, 4)),
+    "children-apart": ("children", (1, 2, 3, 4, 5, 6)),
 }
 
 #: The kind of violation each bug is caught by (a phrase of the checker's message).
@@ -54,6 +55,7 @@ VIOLATIONS: dict[str, str] = {
     "rate-window-halved": "4 grants within 10 s",
     "watermark-apart": "occurrences fired twice",
     "cursor-apart": "ahead of items never handled",
+    "children-apart": "children enqueued twice",
 }
 
 
@@ -149,7 +151,7 @@ def test_no_product_module_reads_a_planted_switch() -> None:
 
 
 def _replaceable() -> dict[str, object]:
-    from trio_jobs import _consumer, _retry, _unwind
+    from trio_jobs import _consumer, _context, _retry, _unwind
     from trio_jobs._context import RunState, Steps
     from trio_jobs._scheduler import Scheduler
     from trio_jobs._worker import Worker
@@ -168,6 +170,7 @@ def _replaceable() -> dict[str, object]:
         ("MemoryRateLimits", memory_rate.MemoryRateLimits, ("acquire",)),
         ("Scheduler", Scheduler, ("_send",)),
         ("_consumer", _consumer, ("save_in_batch",)),
+        ("_context", _context, ("_enqueue_children",)),
     ]
     return {
         f"{label}.{name}": vars(owner)[name] for label, owner, names in owners for name in names

@@ -160,6 +160,9 @@ class EnqueueRequest:
     #: The run that enqueued this one from ``step.invoke``/``step.gather``: the
     #: row's settle makes that parent due once it has no live child left.
     parent_id: str | None = None
+    #: The step's wait this child belongs to (one per ``invoke``/``gather`` call:
+    #: the id of its first child); a driver counting waits counts it there.
+    parent_wait: str | None = None
     #: ``job(debounce=)`` in seconds: a live row of this key that has not started
     #: takes this request's payload and concurrency key and is due this long
     #: after now (answered deduped); no such row: a new one due then.
@@ -318,6 +321,8 @@ class NackOptions:
     #: (``step.invoke``/``step.gather``): due at once when none is live as the
     #: hand-back lands, else when the last live one settles (or at ``run_at``).
     wait_children: bool = False
+    #: That wait's id (``EnqueueRequest.parent_wait`` of its children).
+    children_wait: str | None = None
 
 
 #: ``last_error`` of a row :meth:`JobDriver.release_orphans` handed back.

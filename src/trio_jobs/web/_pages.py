@@ -288,6 +288,32 @@ async def consumer_list(d: Dashboard, ctx: Req) -> Response:
     )
 
 
+#: The children a job page lists by name and state (and counts by state).
+CHILDREN_SHOWN = 100
+
+
+async def _tree(d: Dashboard, view: Any) -> tuple[Any, list[Any], dict[str, int]]:
+    """The job's place in its tree: its parent's view (``None`` for a job with
+    no parent, or one removed since), its first children's views, and how many
+    of those are in each state."""
+    parent = None
+    if view.parent_id is not None:
+        try:
+            parent = await d.jobs.show(view.parent_id)
+        except JobsError:
+            parent = None
+    shown = []
+    for child_id in list(view.children)[:CHILDREN_SHOWN]:
+        try:
+            shown.append(await d.jobs.show(child_id))
+        except JobsError:
+            continue  # removed since
+    counts: dict[str, int] = {}
+    for child in shown:
+        counts[child.state] = counts.get(child.state, 0) + 1
+    return parent, shown, dict(sorted(counts.items()))
+
+
 async def job_page(d: Dashboard, ctx: Req) -> Response:
     """``GET /{id}``: one job, its step timeline, error, progress and actions."""
     job_id = str(ctx.request.path_params["job_id"])
@@ -322,12 +348,17 @@ async def job_page(d: Dashboard, ctx: Req) -> Response:
         known = recorded.get(live.step)
         if known is None or known.status == "failed":
             current = {"name": live.step, "since": live.step_started_at}
+    parent, children, child_states = await _tree(d, view)
     return d.render(
         ctx,
         "job.html",
         active="jobs",
         now=d.now(),
         view=view,
+        parent=parent,
+        children=children,
+        child_states=child_states,
+        children_shown=CHILDREN_SHOWN,
         redact=redact,
         unknown=d.unknown(view),
         share=share,

@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trio_jobs.drivers import memory_driver
+from trio_jobs.testing._conformance_children import ChildrenConformance
 from trio_jobs.testing._conformance_debounce import DebounceConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
@@ -13,7 +14,11 @@ from ..task_store import TaskStoreConformance
 
 
 class TestMemoryConformance(
-    DriverConformance, DebounceConformance, RefusalConformance, TaskStoreConformance
+    DriverConformance,
+    DebounceConformance,
+    ChildrenConformance,
+    RefusalConformance,
+    TaskStoreConformance,
 ):
     @pytest.fixture
     async def target(self) -> AsyncIterator[Target]:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trio_jobs.drivers.postgres import postgres_driver
+from trio_jobs.testing._conformance_children import ChildrenConformance
 from trio_jobs.testing._conformance_debounce import DebounceConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
@@ -22,7 +23,11 @@ pytestmark = pytest.mark.postgres
 
 
 class TestPostgresConformance(
-    DriverConformance, DebounceConformance, RefusalConformance, TaskStoreConformance
+    DriverConformance,
+    DebounceConformance,
+    ChildrenConformance,
+    RefusalConformance,
+    TaskStoreConformance,
 ):
     @pytest.fixture
     async def target(self, pg_dsn: str, pg_schema: str) -> AsyncIterator[Target]:

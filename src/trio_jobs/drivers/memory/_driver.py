@@ -106,13 +106,15 @@ class _Row:
     busy_key: str | None = None
     #: The newest claims, oldest first (at most MAX_ATTEMPT_LOG).
     attempt_log: list[AttemptRecord] = attrs.Factory(list)
-    #: step.invoke/step.gather: the run that enqueued this one, the runs this one
-    #: enqueued, how many of those are live, and whether the row's suspension
-    #: waits on them.
+    #: step.invoke/step.gather: the run that enqueued this one and the step's
+    #: wait it belongs to, the runs this one enqueued, how many of each of its
+    #: waits are live, and the wait (if any) the row's suspension is on.
     parent_id: str | None = None
+    parent_wait: str | None = None
     children: list[str] = attrs.Factory(list)
-    children_pending: int = 0
+    children_pending: dict[str | None, int] = attrs.Factory(dict)
     wait_children: bool = False
+    children_wait: str | None = None
     #: This child's settle already counted down its parent (once per live period).
     child_settled: bool = False
     #: Enqueued by a job declaring ``unique_for=``: its key is remembered when it settles.
@@ -399,6 +401,7 @@ class MemoryDriver:
                 tx=tx,
                 sensitive=req.sensitive,
                 parent_id=req.parent_id,
+                parent_wait=req.parent_wait,
                 unique=req.unique_for is not None,
             )
             self._rows[row.id] = row
@@ -611,7 +614,8 @@ class MemoryDriver:
         parent = self._rows.get(row.parent_id) if row.parent_id is not None else None
         if parent is not None:
             parent.children.append(row.id)
-            parent.children_pending += 1
+            pending = parent.children_pending
+            pending[row.parent_wait] = pending.get(row.parent_wait, 0) + 1
 
     def _child_settled(self, row: _Row) -> None:
         """A child left the live states: its parent counts it down, and the last
@@ -622,12 +626,18 @@ class MemoryDriver:
         parent = self._rows.get(row.parent_id)
         if parent is None:
             return
-        parent.children_pending -= 1
+        pending = parent.children_pending
+        left = pending.get(row.parent_wait, 0) - 1
+        if left > 0:
+            pending[row.parent_wait] = left
+        else:
+            pending.pop(row.parent_wait, None)
         now = self.now()
         if (
-            parent.children_pending <= 0
+            left <= 0
             and parent.state == "suspended"
             and parent.wait_children
+            and parent.children_wait in (None, row.parent_wait)
             and parent.run_at > now
         ):
             parent.run_at = now
@@ -711,11 +721,16 @@ class MemoryDriver:
                 )
             else:
                 run_at = now  # released between the busy acquire and now: due at once
-        if options.wait_children and row.children_pending <= 0:
+        if options.wait_children and (
+            row.children_pending.get(options.children_wait, 0) <= 0
+            if options.children_wait is not None
+            else not row.children_pending
+        ):
             run_at = now  # the last child settled while this run was running
         row.run_at = run_at
         row.waiting_event = options.waiting_event
         row.wait_children = options.wait_children
+        row.children_wait = options.children_wait
         if options.state == "suspended":
             row.state = "suspended"
         elif options.state == "delayed":

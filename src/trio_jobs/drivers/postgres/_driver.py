@@ -24,6 +24,7 @@ from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any
 
+import attrs
 import outcome
 import psycopg
 import trio
@@ -121,6 +122,8 @@ _SHARED_SCALARS = (
     "run_at",
     "delay",
     "sensitive",
+    "parent_id",
+    "parent_wait",
 )
 _SHARED_JSON = ("actor", "trace_context")
 #: A request's (debounce, unique_for): a batch of plain requests maps to one
@@ -229,6 +232,8 @@ def _row_params(r: EnqueueRequest) -> dict[str, Any]:
         "actor": _json_or_none(r.actor),
         "trace_context": _json_or_none(r.trace_context),
         "sensitive": r.sensitive,
+        "parent_id": r.parent_id,
+        "parent_wait": r.parent_wait,
     }
 
 
@@ -485,6 +490,34 @@ class PostgresDriver:
         return await self._enqueue(self._fetch, requests, after_commit=None)
 
     async def _enqueue(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        out = await self._enqueue_rows(run, requests, after_commit=after_commit)
+        if any(r.parent_wait is not None for r in requests):
+            await self._adopt(run, requests, out)
+        return out
+
+    async def _adopt(
+        self, run: _Run, requests: Sequence[EnqueueRequest], out: Sequence[EnqueueResult]
+    ) -> None:
+        """A step's children counted on its wait (children_adopt), in the
+        transaction that enqueued them: only those that inserted."""
+        counts: dict[tuple[str, str], int] = {}
+        for r, got in zip(requests, out, strict=True):
+            if r.parent_wait is not None and r.parent_id is not None and not got.deduped:
+                key = (r.parent_id, r.parent_wait)
+                counts[key] = counts.get(key, 0) + 1
+        for (parent_id, wait), count in sorted(counts.items()):
+            await run(
+                "children_adopt",
+                {"parent_id": parent_id, "wait": wait, "count": count, "channel": self.channel},
+            )
+
+    async def _enqueue_rows(
         self,
         run: _Run,
         requests: Sequence[EnqueueRequest],
@@ -808,8 +841,31 @@ class PostgresDriver:
             raise
 
     async def _nack(self, job_id: str, options: NackOptions, again: bool) -> bool:
+        if options.wait_children and options.children_wait and options.state == "suspended":
+            # Suspended on its children: the hand-back and the wait's mark (or,
+            # every child having settled since the run read them, the run made
+            # due now) in one transaction, so no crash can leave a parent
+            # suspended on a wait whose last settle will not wake it.
+            wait = options.children_wait
+            async with self.db.transaction() as tx:
+
+                async def run(name: str, params: Mapping[str, Any]) -> list[Row]:
+                    return await tx.execute(query(name), {"now": self._now_param(), **params})
+
+                landed = await self._nack_in(run, job_id, options, again)
+                if not landed:
+                    return False
+                due = await run(
+                    "children_wait", {"id": job_id, "wait": wait, "channel": self.channel}
+                )
+            if due and due[0][0] is not None:
+                self._fire([str(due[0][0])])
+            return True
+        return await self._nack_in(self._fetch, job_id, options, again)
+
+    async def _nack_in(self, run: _Run, job_id: str, options: NackOptions, again: bool) -> bool:
         final = options.state in ("dead", "failed")
-        rows = await self._fetch(
+        rows = await run(
             "nack",
             {
                 "id": job_id,
@@ -1113,13 +1169,12 @@ class _PgSteps:
         return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
 
     async def children(self, ids: Sequence[str]) -> builtins.list[ChildState]:
-        raise JobsError(
-            ErrorCode.X_NOT_IMPLEMENTED,
-            "the PostgreSQL driver does not run child jobs yet (step.invoke/step.gather need "
-            "a child's settle to make its parent due in the settle's own statement while "
-            "every statement locks job rows in one order; that design is not done); use the "
-            "memory driver for them, or enqueue_many with a counter the last child publishes",
-        )
+        if not ids:
+            self._d.db  # noqa: B018 — a closed driver refuses even an empty read
+            return []
+        rows = await self._d._fetch("children", {"ids": list(ids)})
+        found = {r[0]: ChildState(r[0], r[1], r[2], r[3]) for r in rows}
+        return [found.get(i) or ChildState(i, "cancelled", None, ErrorCode.X_ABORTED) for i in ids]
 
 
 # --------------------------------------------------------------------------- events
@@ -1326,7 +1381,8 @@ class _PgIntrospection:
         if not rows:
             raise _not_found()
         steps = await run("show_steps", {"id": job_id})
-        return self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        view = self._view(rows[0], self._step_views(steps), attempt_records(rows[0][21]))
+        return attrs.evolve(view, parent_id=rows[0][22], children=tuple(rows[0][23] or ()))
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[_Run]:
@@ -1445,6 +1501,9 @@ class _PgIntrospection:
             raise _not_found()
         last_error = f"{ErrorCode.X_ABORTED}: cancelled" + (f": {reason}" if reason else "")
         async with self._tx() as run:
+            # The job and its live descendants, locked in id order first: a
+            # cancelled parent cancels its live children (and theirs).
+            family = await run("lock_family", {"id": key})
             row = await self._locked_row(run, key)
             if row[4] not in LIVE_STATES:
                 raise JobsError(
@@ -1455,6 +1514,15 @@ class _PgIntrospection:
                 "cancel_row",
                 {"id": key, "last_error": last_error, "line": CANCELLED_LINE},
             )
+            if len(family) > 1:
+                await run(
+                    "cancel_descendants",
+                    {
+                        "id": key,
+                        "last_error": f"{ErrorCode.X_ABORTED}: cancelled: its parent was cancelled",
+                        "line": "cancelled: its parent was cancelled",
+                    },
+                )
             return await self._show_in(run, key)
 
     async def remove(self, job_id: str) -> None:

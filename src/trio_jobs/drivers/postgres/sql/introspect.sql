@@ -11,8 +11,11 @@ SELECT id, run_id, name, queue, state, attempts, max_attempts, tenant_id, idempo
     concurrency_key, run_at, created_at, error_code, last_error, progress, result, payload,
     priority, updated_at, worker_id, sensitive,
     trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,
-        attempt_step_at, state, updated_at)
-FROM trio_jobs_jobs WHERE id = %(id)s;
+        attempt_step_at, state, updated_at), parent_id::text,
+    -- the runs its step.invoke/step.gather enqueued, oldest first (0018)
+    ARRAY(SELECT c.id::text FROM trio_jobs_jobs c WHERE c.parent_id = j.id
+          ORDER BY c.seq)
+FROM trio_jobs_jobs j WHERE id = %(id)s;
 
 -- name: attempt_log
 SELECT trio_jobs_attempt_view(attempt_log, attempts, attempt_worker, attempt_at, attempt_step,

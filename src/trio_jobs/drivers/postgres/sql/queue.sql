@@ -46,20 +46,25 @@ input AS (
         coalesce(t.delay, %(delay)s::float8) AS delay,
         coalesce(t.actor, %(actor)s::json) AS actor,
         coalesce(t.trace_context, %(trace_context)s::json) AS trace_context,
-        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive
+        coalesce(t.sensitive, %(sensitive)s::bool) AS sensitive,
+        -- a step's children (sql/children.sql): NULL for every other row
+        coalesce(t.parent_id, %(parent_id)s::uuid) AS parent_id,
+        coalesce(t.parent_wait, %(parent_wait)s::uuid) AS parent_wait
     FROM json_to_recordset(%(rows)s::json) AS t(
         ord int, id uuid, run_id uuid, name text, queue text, payload json, tenant_id text,
         idempotency_key text, concurrency_key text, max_attempts int, priority int,
-        run_at float8, delay float8, actor json, trace_context json, sensitive boolean)
+        run_at float8, delay float8, actor json, trace_context json, sensitive boolean,
+        parent_id uuid, parent_wait uuid)
 ),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive)
+        trace_context, sensitive, parent_id, parent_wait)
     SELECT i.id, i.run_id, i.name, i.queue, i.payload, i.tenant_id, i.idempotency_key,
         i.concurrency_key, i.max_attempts, i.priority,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END,
-        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false)
+        r.run_at, n.now, n.now, i.actor, i.trace_context, coalesce(i.sensitive, false),
+        i.parent_id, i.parent_wait
     FROM input i
     CROSS JOIN n
     CROSS JOIN LATERAL (SELECT coalesce(i.run_at, n.now + coalesce(i.delay, 0)) AS run_at) r
@@ -100,11 +105,12 @@ WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive)
+        trace_context, sensitive, parent_id, parent_wait)
     SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
         %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
-        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool
+        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool, %(parent_id)s::uuid,
+        %(parent_wait)s::uuid
     FROM n
     CROSS JOIN LATERAL (
         SELECT coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) AS run_at
@@ -161,12 +167,13 @@ settled AS (
 ins AS (
     INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
         concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive, unique_key)
+        trace_context, sensitive, unique_key, parent_id, parent_wait)
     SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
         %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
         CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
         %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool,
-        CASE WHEN %(unique_for)s::float8 IS NOT NULL THEN true END
+        CASE WHEN %(unique_for)s::float8 IS NOT NULL THEN true END, %(parent_id)s::uuid,
+        %(parent_wait)s::uuid
     FROM n
     CROSS JOIN LATERAL (
         SELECT coalesce(%(run_at)s::float8,
