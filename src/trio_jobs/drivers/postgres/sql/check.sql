@@ -20,7 +20,7 @@ BEGIN
     LOOP
         EXECUTE format('DELETE FROM %I.%I', current_schema(), t);
     END LOOP;
-    SELECT string_agg(format('%I', tablename), ', ') INTO app FROM pg_tables
+    SELECT string_agg(format('%I.%I', current_schema(), tablename), ', ') INTO app FROM pg_tables
     WHERE schemaname = current_schema() AND tablename NOT LIKE 'trio\_jobs\_%';
     IF app IS NOT NULL THEN
         EXECUTE 'TRUNCATE ' || app || ' CASCADE';
