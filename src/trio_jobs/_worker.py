@@ -948,6 +948,7 @@ class Worker:
         if not quiet:
             observer.slot_taken(claimed.queue, claimed.name)
         began = trio.current_time()
+        rest: Callable[[], Awaitable[None]] | None = None
         try:
             state = RunState(
                 jobs=self.jobs,
@@ -1034,7 +1035,8 @@ class Worker:
                 except UnserializableError:
                     slow = True
             if slow:
-                return functools.partial(self._rest, held, handle, state, value, started, began)
+                rest = functools.partial(self._rest, held, handle, state, value, started, began)
+                return rest  # _rest frees the slot: not the finally below
             if state.boundary is not None:
                 await state.hit("before-settle", None)
             # The ack's write budget on the same scope; an abort from here on (a
@@ -1065,7 +1067,8 @@ class Worker:
         except Exception:
             self._slot_failed(claimed)
         finally:
-            self._freed(held, None if quiet else began)
+            if rest is None:
+                self._freed(held, None if quiet else began)
         return None
 
     async def _write_after(
