@@ -37,6 +37,7 @@ SUITES: dict[str, str] = {
     "webhooks": "benchmarks.webhooks",
     "fleet": "benchmarks.fleet",
     "big-table": "benchmarks.big_table",
+    "autovacuum": "benchmarks.autovacuum",
     "prepared": "benchmarks.prepared",
 }
 

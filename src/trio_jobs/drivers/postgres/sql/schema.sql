@@ -229,7 +229,10 @@ CREATE TABLE trio_jobs_counters (
     duration float8 NOT NULL DEFAULT 0,
     -- the queue the job settled in (NULL: written before 0005)
     queue    text,
-    PRIMARY KEY (bucket, name)
+    -- which of 16 rows of the minute and name this write landed in (the
+    -- server backend's pid modulo 16): readers sum over it (0031)
+    shard    smallint NOT NULL DEFAULT 0,
+    PRIMARY KEY (bucket, name, shard)
 );
 
 CREATE TABLE trio_jobs_queue_pauses (
