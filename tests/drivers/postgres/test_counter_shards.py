@@ -50,9 +50,7 @@ async def _one_settle_open_beside_acks(driver: PostgresDriver, pg_dsn: str, pg_s
     assert await driver.ack(got.jobs[0].id, AckOptions(fence=got.jobs[0].fence))
     # The driver's one backend, and the shard its settles write.
     theirs = {int((await driver.db.fetch("SELECT pg_backend_pid()"))[0][0]) % 16}
-    assert sql(pg_dsn, pg_schema, "SELECT shard FROM trio_jobs_counters") == [
-        (next(iter(theirs)),)
-    ]
+    assert sql(pg_dsn, pg_schema, "SELECT shard FROM trio_jobs_counters") == [(next(iter(theirs)),)]
     # Another connection whose shard none of the driver's connections shares.
     others: list[psycopg.Connection] = []
     try:
