@@ -1340,6 +1340,9 @@ class _Registry:
 class _PgIntrospection:
     def __init__(self, driver: PostgresDriver) -> None:
         self._d = driver
+        # Where the sweep under way stopped: its cut-offs, then the last done
+        # row (created_at, id) and the last other row's updated_at it deleted.
+        self._purge_cursor: tuple[tuple[float, float], Any, Any, Any] | None = None
 
     @staticmethod
     def _view(r: Row, steps: Sequence[StepView] = (), log: Sequence[AttemptRecord] = ()) -> JobView:
@@ -1691,15 +1694,32 @@ class _PgIntrospection:
         ]
 
     async def purge(self, done_before: float, dead_before: float, limit: int) -> int:
+        # A call with the cut-offs of the call before, which filled its batch,
+        # is the next batch of one sweep: it starts after the rows that went.
+        cut = (float(done_before), float(dead_before))
+        cursor = self._purge_cursor
+        after = cursor[1:] if cursor is not None and cursor[0] == cut else (None, None, None)
+        self._purge_cursor = None
         rows = await self._d._fetch(
             "purge_jobs",
             {
-                "done_before": float(done_before),
-                "dead_before": float(dead_before),
+                "done_before": cut[0],
+                "dead_before": cut[1],
                 "limit": int(limit),
+                "after_created": after[0],
+                "after_id": after[1],
+                "after_updated": after[2],
             },
         )
-        return int(rows[0][0])
+        removed, created, job_id, updated = rows[0]
+        if removed >= limit:
+            self._purge_cursor = (
+                cut,
+                after[0] if created is None else created,
+                after[1] if job_id is None else job_id,
+                after[2] if updated is None else updated,
+            )
+        return int(removed)
 
     async def counters(self, name: str | None, since: float) -> builtins.list[CounterRow]:
         rows = await self._d._fetch("counters", {"name": name, "since": float(since)})
