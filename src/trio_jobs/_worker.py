@@ -83,8 +83,11 @@ IDLE_POLL_MAX = 2.0
 IDLE_POLL_MAX_PROVEN = 5.0
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
-#: The most acks the ack pipeline sends in one call of the driver's ``ack_many``.
+#: The most acks the ack pipeline sends in one call of the driver's ``ack_many``...
 ACK_BATCH = 500
+#: ... and the most such calls in flight at once (each its own statement, on rows
+#: no other holds: a batch waits on the server while the next one is sent).
+ACK_IN_FLIGHT = 2
 
 
 @attrs.frozen
@@ -308,6 +311,7 @@ class Worker:
         self._acks: list[tuple[Attempt, AckOptions, float, float | None]] = []
         self._acks_kick: trio.Event | None = None
         self._acks_closing = False
+        self._acks_sending = 0
 
     # ------------------------------------------------------------------ public
 
@@ -1129,17 +1133,37 @@ class Worker:
         _ambient.role_var.set("ack")
         with trio.CancelScope(shield=True):
             while True:
-                if not self._acks:
-                    if self._acks_closing:
+                if not self._acks or self._acks_sending >= ACK_IN_FLIGHT:
+                    if not self._acks and not self._acks_sending and self._acks_closing:
                         return
                     self._acks_kick = trio.Event()
                     await self._acks_kick.wait()
                     continue
                 batch = self._acks[:ACK_BATCH]
                 del self._acks[:ACK_BATCH]
-                await self._send_acks(sink, batch, nursery)
+                self._acks_sending += 1
+                nursery.start_soon(self._send_acks, sink, batch, nursery)
+                # Let the send start before the next batch forms: what the slots
+                # hand over meanwhile joins it.
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _send_acks(
+        self,
+        sink: AckBatches,
+        batch: list[tuple[Attempt, AckOptions, float, float | None]],
+        nursery: trio.Nursery,
+    ) -> None:
+        """One batch: its ``ack_many`` call (shielded, bounded by the batch's
+        earliest write budget), then each attempt settled by its answer."""
+        try:
+            with trio.CancelScope(shield=True):
+                await self._send_batch(sink, batch, nursery)
+        finally:
+            self._acks_sending -= 1
+            if self._acks_kick is not None:
+                self._acks_kick.set()
+
+    async def _send_batch(
         self,
         sink: AckBatches,
         batch: list[tuple[Attempt, AckOptions, float, float | None]],
