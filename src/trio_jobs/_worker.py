@@ -1125,9 +1125,9 @@ class Worker:
 
     async def _ack_loop(self, sink: AckBatches, nursery: trio.Nursery) -> None:
         """The ack pipeline: sends the acks the slots handed off, a batch per
-        call of the driver's ``ack_many`` (one in flight; the acks handed
-        meanwhile form the next batch), and settles each attempt by its answer
-        (:meth:`_acked`). It owns the acks in flight: shielded, so a cancel of
+        call of the driver's ``ack_many`` (up to ``ACK_IN_FLIGHT`` calls at
+        once; the acks handed meanwhile form the next batch), and settles each
+        attempt by its answer (:meth:`_acked`). It owns the acks in flight: shielded, so a cancel of
         the worker still sends them (each within its write budget), and it
         returns only once the slots are gone and every ack has its answer."""
         _ambient.role_var.set("ack")

@@ -169,3 +169,25 @@ async def test_an_ack_in_flight_holds_its_room_and_the_drain_waits_for_it(
         "ready",
         "ready",
     ]
+
+
+async def test_the_counters_of_one_minute_sum_over_their_shards(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # Two connections' settles of one minute land in two shards of its row
+    # (migration 0025); the history reads one row with their sum.
+    driver = postgres_driver(pg_dsn, schema=pg_schema)
+    async with open_jobs(driver, jobs=[noop]):
+        assert driver.introspect is not None
+        bucket = float(int(driver.now() // 60) * 60)
+        sql(
+            pg_dsn,
+            pg_schema,
+            "INSERT INTO trio_jobs_counters (bucket, name, shard, done, duration, queue) "
+            "VALUES (%(b)s, 'pipe.noop', 3, 2, 1.5, 'default'), "
+            "(%(b)s, 'pipe.noop', 7, 5, 2.5, 'default')",
+            {"b": bucket},
+        )
+        counters = await driver.introspect.counters("pipe.noop", 0.0)
+        rows = [r for r in counters if r.bucket == bucket]
+    assert [(r.done, r.duration) for r in rows] == [(7, 4.0)]

@@ -8,7 +8,9 @@
 -- for several job rows locks them in id order, in a `locked` CTE whose lock sits
 -- above its sort, and its write joins only `locked`, so it writes no row it did
 -- not lock in that order. Counter rows come after every job row (an aggregate
--- reads them all first), in (bucket, name) order. A job's lease and step rows
+-- reads them all first), in (bucket, name) order; a statement writes one shard of
+-- each (`mod(pg_backend_pid(), 16)`, migration 0025), so another connection's
+-- statement rarely waits on the same row. A job's lease and step rows
 -- are written only under its row's lock, so they follow it. SKIP LOCKED never
 -- waits, and so needs no order; nor does trio_jobs_wake_waiter, which fires at
 -- the end of a statement that deleted lease rows and takes one waiter row each
@@ -299,13 +301,13 @@ freed AS (
     DELETE FROM trio_jobs_leases s USING lapsed l WHERE s.job_id = l.id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, dead, failed, queue)
-    SELECT floor(b.now / 60) * 60, b.name,
+    INSERT INTO trio_jobs_counters AS c (bucket, name, shard, dead, failed, queue)
+    SELECT floor(b.now / 60) * 60, b.name, mod(pg_backend_pid(), 16)::smallint,
         count(*) FILTER (WHERE b.state = 'dead'), count(*) FILTER (WHERE b.state = 'failed'),
         max(b.queue)
     FROM buried b GROUP BY 1, 2
     ORDER BY 1, 2
-    ON CONFLICT (bucket, name) DO UPDATE
+    ON CONFLICT (bucket, name, shard) DO UPDATE
         SET dead = c.dead + excluded.dead, failed = c.failed + excluded.failed,
             queue = excluded.queue
 ),
@@ -402,12 +404,12 @@ freed AS (
     RETURNING s.job_id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, done, duration, queue)
-    SELECT floor(hit.now / 60) * 60, hit.name, count(*), coalesce(sum(hit.duration), 0),
-        max(hit.queue)
+    INSERT INTO trio_jobs_counters AS c (bucket, name, shard, done, duration, queue)
+    SELECT floor(hit.now / 60) * 60, hit.name, mod(pg_backend_pid(), 16)::smallint, count(*),
+        coalesce(sum(hit.duration), 0), max(hit.queue)
     FROM hit GROUP BY 1, 2
     ORDER BY 1, 2
-    ON CONFLICT (bucket, name) DO UPDATE
+    ON CONFLICT (bucket, name, shard) DO UPDATE
         SET done = c.done + excluded.done, duration = c.duration + excluded.duration,
             queue = excluded.queue
 )
@@ -462,12 +464,13 @@ freed AS (
     RETURNING s.job_id
 ),
 counted AS (
-    INSERT INTO trio_jobs_counters AS c (bucket, name, retried, failed, dead, duration, queue)
-    SELECT floor(hit.now / 60) * 60, hit.name, %(c_retried)s, %(c_failed)s, %(c_dead)s,
-        coalesce(%(duration)s::float8, 0), hit.queue
+    INSERT INTO trio_jobs_counters AS c
+        (bucket, name, shard, retried, failed, dead, duration, queue)
+    SELECT floor(hit.now / 60) * 60, hit.name, mod(pg_backend_pid(), 16)::smallint,
+        %(c_retried)s, %(c_failed)s, %(c_dead)s, coalesce(%(duration)s::float8, 0), hit.queue
     FROM hit
     WHERE %(c_retried)s + %(c_failed)s + %(c_dead)s > 0
-    ON CONFLICT (bucket, name) DO UPDATE SET
+    ON CONFLICT (bucket, name, shard) DO UPDATE SET
         retried = c.retried + excluded.retried, failed = c.failed + excluded.failed,
         dead = c.dead + excluded.dead, duration = c.duration + excluded.duration,
         queue = excluded.queue

@@ -218,7 +218,8 @@ CREATE TABLE trio_jobs_workers (
     expires_at     float8 NOT NULL
 );
 
--- History: one row per (minute, job name); read back in the spec's tiers.
+-- History: one row per (minute, job name, shard); read back in the spec's tiers,
+-- summed over the shards (a statement writes its backend's: see queue.sql).
 CREATE TABLE trio_jobs_counters (
     bucket   float8 NOT NULL,
     name     text NOT NULL,
@@ -229,7 +230,8 @@ CREATE TABLE trio_jobs_counters (
     duration float8 NOT NULL DEFAULT 0,
     -- the queue the job settled in (NULL: written before 0005)
     queue    text,
-    PRIMARY KEY (bucket, name)
+    shard    smallint NOT NULL DEFAULT 0,
+    PRIMARY KEY (bucket, name, shard)
 );
 
 CREATE TABLE trio_jobs_queue_pauses (
