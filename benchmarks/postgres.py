@@ -292,12 +292,28 @@ class _Settles:
             landed: bool = await inner(job_id, options)
             if landed:
                 self.acked += 1
-                if self.acked == self.target:
+                if self.acked == self.target:  # (one ack a call)
                     self.finished_at = time.perf_counter()
                     self.done.set()
             return landed
 
         driver.ack = ack
+        batches = getattr(driver, "acks", None)  # (an older tree A/B: none)
+        if batches is not None:  # the worker's ack pipeline: a batch per call
+            inner_many = batches.ack_many
+
+            async def ack_many(acks: Any) -> list[bool]:
+                answers: list[bool] = await inner_many(acks)
+                landed = sum(answers)
+                if landed:
+                    before = self.acked
+                    self.acked += landed
+                    if before < self.target <= self.acked:
+                        self.finished_at = time.perf_counter()
+                        self.done.set()
+                return answers
+
+            batches.ack_many = ack_many
 
 
 async def _enqueue_all(handle: Any, n: int) -> None:

@@ -58,6 +58,7 @@ from ._unwind import unwind
 from ._validate import text_fault
 from ._write_retry import is_transient, retry_transient, write_retrying
 from .drivers._protocol import (
+    AckBatches,
     AckOptions,
     ClaimedJob,
     ClaimOptions,
@@ -82,6 +83,11 @@ IDLE_POLL_MAX = 2.0
 IDLE_POLL_MAX_PROVEN = 5.0
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
+#: The most acks the ack pipeline sends in one call of the driver's ``ack_many``...
+ACK_BATCH = 500
+#: ... and the most such calls in flight at once (each its own statement, on rows
+#: no other holds: a batch waits on the server while the next one is sent).
+ACK_IN_FLIGHT = 2
 
 
 @attrs.frozen
@@ -297,6 +303,15 @@ class Worker:
         #: A claim failed with a transient error: it may have committed rows
         #: whose answer never came (see _release_orphans).
         self._orphans_possible = False
+        # The ack pipeline (see _ack_loop): the driver's batched ack while the
+        # worker runs (None: each slot awaits its own ack), and the acks the
+        # slots handed it: (attempt, options, write deadline, when the slot was
+        # taken or None for no observer), in the order handed.
+        self._ack_sink: AckBatches | None = None
+        self._acks: list[tuple[Attempt, AckOptions, float, float | None]] = []
+        self._acks_kick: trio.Event | None = None
+        self._acks_closing = False
+        self._acks_sending = 0
 
     # ------------------------------------------------------------------ public
 
@@ -430,14 +445,28 @@ class Worker:
                 if scheduler is not None:  # the tasks of the queues it serves
                     services.start_soon(scheduler.run)
                 # Slots and settle hooks live in their own nursery, which exits
-                # only once every one of them has finished.
+                # only once every one of them has finished; the ack pipeline
+                # around it exits after that, once every ack they handed it
+                # has its answer.
                 self._slots_closing = False
-                async with trio.open_nursery() as work:
-                    task_status.started()
+                async with trio.open_nursery() as acking:
+                    sink = self.driver.acks
+                    self._ack_sink = sink
+                    self._acks_closing = False
+                    if sink is not None:
+                        acking.start_soon(self._ack_loop, sink, acking)
                     try:
-                        await self._claim_loop(work, until_quiet=until_quiet)
+                        async with trio.open_nursery() as work:
+                            task_status.started()
+                            try:
+                                await self._claim_loop(work, until_quiet=until_quiet)
+                            finally:
+                                self._close_slots()
                     finally:
-                        self._close_slots()
+                        self._ack_sink = None
+                        self._acks_closing = True
+                        if self._acks_kick is not None:
+                            self._acks_kick.set()
                 services.cancel_scope.cancel()
         finally:
             _ambient.fleet_var.reset(fleet)
@@ -949,6 +978,7 @@ class Worker:
             observer.slot_taken(claimed.queue, claimed.name)
         began = trio.current_time()
         rest: Callable[[], Awaitable[None]] | None = None
+        handed = False
         try:
             state = RunState(
                 jobs=self.jobs,
@@ -1039,14 +1069,24 @@ class Worker:
                 return rest  # _rest frees the slot: not the finally below
             if state.boundary is not None:
                 await state.hit("before-settle", None)
-            # The ack's write budget on the same scope; an abort from here on (a
-            # drain, a lost lease) no longer cancels it: the body is done.
+            # An abort from here on (a drain, a lost lease) no longer reaches
+            # the ack: the body is done.
             state.signal._detach(scope)
             now = trio.current_time()
-            scope.deadline = now + WRITE_BUDGET
             ack = AckOptions(
                 fence=claimed.fence, result=output, duration=now - started, progress=state.progress
             )
+            if self._ack_sink is not None:
+                # Handed to the ack pipeline: the slot goes on to its next
+                # attempt; the attempt keeps its room until the ack's answer.
+                if timeout is not None:
+                    scope.deadline = math.inf
+                held.settling()
+                self._hand_ack(held, ack, now + WRITE_BUDGET, None if quiet else began)
+                handed = True
+                return None
+            # The ack's write budget on the same scope.
+            scope.deadline = now + WRITE_BUDGET
             try:
                 # (a partial, not a lambda: no Python frame on the ack's wake)
                 landed = await self._settle_write(
@@ -1067,9 +1107,142 @@ class Worker:
         except Exception:
             self._slot_failed(claimed)
         finally:
-            if rest is None:
+            if rest is None and not handed:
                 self._freed(held, None if quiet else began)
         return None
+
+    # ------------------------------------------------------------------ the ack pipeline
+
+    def _hand_ack(
+        self, held: Attempt, ack: AckOptions, deadline: float, began: float | None
+    ) -> None:
+        """Queue a finished attempt's ack for :meth:`_ack_loop` (its write budget
+        runs until ``deadline``); the slot does not wait for it."""
+        acks = self._acks
+        acks.append((held, ack, deadline, began))
+        if len(acks) == 1 and self._acks_kick is not None:
+            self._acks_kick.set()
+
+    async def _ack_loop(self, sink: AckBatches, nursery: trio.Nursery) -> None:
+        """The ack pipeline: sends the acks the slots handed off, a batch per
+        call of the driver's ``ack_many`` (up to ``ACK_IN_FLIGHT`` calls at
+        once; the acks handed meanwhile form the next batch), and settles each
+        attempt by its answer (:meth:`_acked`). It owns the acks in flight: shielded, so a cancel of
+        the worker still sends them (each within its write budget), and it
+        returns only once the slots are gone and every ack has its answer."""
+        _ambient.role_var.set("ack")
+        with trio.CancelScope(shield=True):
+            while True:
+                if not self._acks or self._acks_sending >= ACK_IN_FLIGHT:
+                    if not self._acks and not self._acks_sending and self._acks_closing:
+                        return
+                    self._acks_kick = trio.Event()
+                    await self._acks_kick.wait()
+                    continue
+                batch = self._acks[:ACK_BATCH]
+                del self._acks[:ACK_BATCH]
+                self._acks_sending += 1
+                nursery.start_soon(self._send_acks, sink, batch, nursery)
+                # Let the send start before the next batch forms: what the slots
+                # hand over meanwhile joins it.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _send_acks(
+        self,
+        sink: AckBatches,
+        batch: list[tuple[Attempt, AckOptions, float, float | None]],
+        nursery: trio.Nursery,
+    ) -> None:
+        """One batch: its ``ack_many`` call (shielded, bounded by the batch's
+        earliest write budget), then each attempt settled by its answer."""
+        try:
+            with trio.CancelScope(shield=True):
+                await self._send_batch(sink, batch, nursery)
+        finally:
+            self._acks_sending -= 1
+            if self._acks_kick is not None:
+                self._acks_kick.set()
+
+    async def _send_batch(
+        self,
+        sink: AckBatches,
+        batch: list[tuple[Attempt, AckOptions, float, float | None]],
+        nursery: trio.Nursery,
+    ) -> None:
+        answers: list[bool] | None = None
+        failure: JobsError | None = None
+        try:
+            # The earliest budget of the batch bounds the call (handed in order).
+            with trio.move_on_at(batch[0][2]):
+                answers = await sink.ack_many([(h.claimed.id, o) for h, o, _d, _b in batch])
+            if answers is None:
+                # The budget ran out with the statement in flight: it may have
+                # landed. The acks with budget left retry as after a lost answer.
+                failure = JobsError(
+                    ErrorCode.X_DRIVER_UNAVAILABLE,
+                    "the batched ack's answer did not come within its write budget",
+                )
+        except JobsError as exc:
+            failure = exc
+        except Exception:
+            log.exception(
+                "jobs.worker.ack-failed",
+                extra={"event": "jobs.worker.ack-failed", "worker_id": self.id},
+            )
+        if answers is not None and len(answers) == len(batch):
+            for (held, _o, _d, began), landed in zip(batch, answers, strict=True):
+                self._acked(held, landed, began)
+            return
+        for held, options, deadline, began in batch:
+            if failure is not None and is_transient(failure):
+                # The rest of the write budget, in a task of the pipeline's own.
+                nursery.start_soon(self._ack_retry, held, options, deadline, failure, began)
+                continue
+            if failure is not None:
+                _log(logging.ERROR, "jobs.settle.failed", code=failure.code, worker_id=self.id)
+            self._acked(held, False, began)
+
+    async def _ack_retry(
+        self,
+        held: Attempt,
+        options: AckOptions,
+        deadline: float,
+        first: JobsError,
+        began: float | None,
+    ) -> None:
+        """An ack whose batch failed transiently: retried alone with
+        :meth:`_write_after` within what is left of its write budget (the
+        driver knows the retry may follow a first try that landed)."""
+        claimed = held.claimed
+        landed = False
+        try:
+            with trio.CancelScope(shield=True, deadline=deadline):
+                landed = await self._write_after(
+                    claimed,
+                    "ack",
+                    functools.partial(self.driver.ack, claimed.id, options),
+                    self._lease_gone(held),
+                    deadline,
+                    first,
+                )
+        except Exception:
+            self._slot_failed(claimed)
+        finally:
+            self._acked(held, landed, began)
+
+    def _acked(self, held: Attempt, landed: bool, began: float | None) -> None:
+        """A handed ack's answer: the attempt settles (counted done) or is
+        unowned, and its slot's room is free."""
+        try:
+            self._settle_phase(held, landed)
+            if landed:
+                self._count("done", held)
+            else:
+                self._unowned(held)
+        except Exception:
+            self._slot_failed(held.claimed)
+        finally:
+            self._freed(held, began)
 
     async def _write_after(
         self,
@@ -1649,14 +1822,20 @@ class Worker:
                     landed = await self._write(claimed, write, call, gone, own.deadline)
         finally:
             if held is not None:
-                if landed:
-                    held.move(Phase.SETTLED)
-                elif held.lost_while_settling:
-                    # The heartbeat's `lost` was the truth: the row was not ours to settle.
-                    self._lease_lost(held)
-                elif held.phase is Phase.SETTLING:
-                    held.move(Phase.LOST)  # unowned: the caller says so
+                self._settle_phase(held, landed)
         return landed
+
+    def _settle_phase(self, held: Attempt, landed: bool) -> None:
+        """A settle's answer moves its attempt: SETTLED when it landed, else
+        LOST (a lost lease the heartbeat heard while it was in flight is
+        reported as one)."""
+        if landed:
+            held.move(Phase.SETTLED)
+        elif held.lost_while_settling:
+            # The heartbeat's `lost` was the truth: the row was not ours to settle.
+            self._lease_lost(held)
+        elif held.phase is Phase.SETTLING:
+            held.move(Phase.LOST)  # unowned: the caller says so
 
     async def _write(
         self,
@@ -1666,28 +1845,11 @@ class Worker:
         gone: Callable[[], bool],
         deadline: float,
     ) -> bool:
+        """A settle's first try, then (after a failure) :meth:`_write_after`."""
         try:
-            return bool(
-                await write_retrying(
-                    call,
-                    deadline=deadline,
-                    gone=gone,
-                    about=lambda: (
-                        f"{claimed.id}:{claimed.fence.claim}",
-                        "jobs.settle.retry",
-                        {
-                            "job_id": claimed.id,
-                            "job": claimed.name,
-                            "attempt": claimed.attempt,
-                            "worker_id": self.id,
-                            "write": write,
-                        },
-                    ),
-                )
-            )
-        except JobsError as exc:
-            _log(logging.ERROR, "jobs.settle.failed", code=exc.code, worker_id=self.id)
-            return False
+            return bool(await call())
+        except JobsError as first:
+            return await self._write_after(claimed, write, call, gone, deadline, first)
 
     def _count(
         self,

@@ -126,6 +126,7 @@ TOP_LEVEL = [
 #: The driver seam: the protocol, the records crossing it, its bounds, the drivers.
 DRIVERS = [
     "ALL_STATES",
+    "AckBatches",
     "AckOptions",
     "BackfillLedger",
     "BackfillPage",

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._tasks import TaskStore
 
 __all__ = [
+    "AckBatches",
     "AckOptions",
     "BulkAction",
     "AttemptOutcome",
@@ -849,6 +850,21 @@ class JobIntrospection(Protocol):
         ...
 
 
+class AckBatches(Protocol):
+    """The optional batched ack: the worker's ack pipeline hands it the acks
+    its slots finished, a batch at a time, while the slots go on to their next
+    attempts (``docs/explanation/design-choices.md``, "Acks leave the slot")."""
+
+    async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> list[bool]:
+        """Each ``(job_id, options)`` settled as :meth:`JobDriver.ack` would, in
+        as few statements as the driver can: one answer per ack, in order
+        (``True``: landed; ``False``: refused by its fence). A failure raises for
+        the whole batch (``JobsError``), and the driver then treats the next
+        settle of each of its claims as a retry whose first try may have landed,
+        as :meth:`JobDriver.ack` does after a call that raised."""
+        ...
+
+
 # --------------------------------------------------------------------------- the driver
 
 
@@ -856,7 +872,7 @@ class JobIntrospection(Protocol):
 class JobDriver(Protocol):
     """What every driver implements. Optional capabilities are attributes that
     are ``None`` when the driver lacks them: ``leases``, ``rate_limits``,
-    ``introspect``, ``wake``, ``backfills``, ``tasks``.
+    ``introspect``, ``wake``, ``backfills``, ``tasks``, ``acks``.
     Declared capabilities are plain attributes every driver provides (the worker
     reads them, never probes them): :attr:`closed`, :attr:`event_poll_default`,
     ``LeaseStore.wakes_waiters``, ``RateLimitStore.shared`` and ``WakeSource.live``."""
@@ -906,6 +922,12 @@ class JobDriver(Protocol):
     def tasks(self) -> TaskStore | None:
         """The scheduled tasks' store (watermarks, leases, pauses); ``None``: the
         driver runs no scheduler."""
+        ...
+
+    @property
+    def acks(self) -> AckBatches | None:
+        """Many slots' acks in one call (:class:`AckBatches`), or ``None``: every
+        slot then awaits its own :meth:`ack`."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[DriverTransaction]:

@@ -492,6 +492,8 @@ class _SimDriver:
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.backfills = _Sub(self, "backfills", self._d.backfills)
         self.tasks = _Sub(self, "tasks", self._d.tasks)
+        #: The seeded runs drive every ack through ack() (the wrapper sees each).
+        self.acks = None
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
         #: Never closed under the simulation: a crashed worker raises ``Killed``.

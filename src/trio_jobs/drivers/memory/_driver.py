@@ -30,6 +30,7 @@ from .._protocol import (
     MAX_BULK_ROWS,
     ORPHAN_MESSAGE,
     TERMINAL_STATES,
+    AckBatches,
     AckOptions,
     AttemptRecord,
     BulkAction,
@@ -256,6 +257,8 @@ class MemoryDriver:
         self.wake: _Wake | None = self._wake
         self.backfills: MemoryBackfills | None = MemoryBackfills(self.now, self._check_open)
         self.tasks: MemoryTasks | None = MemoryTasks(self)
+        #: No batched ack: each slot awaits its own ack (the worker's inline path).
+        self.acks: AckBatches | None = None
         self.opened = False
         self.closed = False
 

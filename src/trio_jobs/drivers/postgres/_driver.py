@@ -292,6 +292,7 @@ class PostgresDriver:
         self.introspect: _PgIntrospection | None = _PgIntrospection(self)
         self.backfills: PgBackfills | None = PgBackfills(self)
         self.tasks: PgTasks | None = PgTasks(self)
+        self.acks: _PgAcks | None = _PgAcks(self)
         self.wake: PgWake | None = PgWake(
             self.channel,
             conninfo=lambda: self.listen_dsn,
@@ -794,6 +795,30 @@ class PostgresDriver:
             self._mark_unsure(key)
             raise
 
+    async def _ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
+        """The batched ack (:class:`_PgAcks`): one ``ack_many`` statement for
+        the batch, each claim's ``again`` flag as :meth:`ack` keeps it."""
+        self.db  # noqa: B018 — a closed driver refuses at once
+        unsure = self._unsure
+        batch: builtins.list[tuple[str, AckOptions, bool]] = [
+            (job_id, o, unsure.pop((job_id, o.fence.claim), False) if unsure else False)
+            for job_id, o in acks
+        ]
+        try:
+            if len({job_id for job_id, _ in acks}) == len(acks):
+                landed = await self._flush_acks(batch)
+                return [i in landed for i in range(1, len(batch) + 1)]
+            # A job twice (a stale claim's ack beside its new claim's): one row is
+            # written once per statement, so each goes in a statement of its own.
+            answers: builtins.list[bool] = []
+            for item in batch:
+                answers.append(1 in await self._flush_acks([item]))
+            return answers
+        except BaseException:
+            for job_id, o, _again in batch:
+                self._mark_unsure((job_id, o.fence.claim))
+            raise
+
     def _mark_unsure(self, key: tuple[str, int]) -> None:
         self._unsure[key] = True
         if len(self._unsure) > UNSURE_KEPT:
@@ -1027,6 +1052,17 @@ def _step_rows(batch: Sequence[tuple[str, Fence, StepRecord]]) -> str:
 
 #: StepRecord fields a completed step.run leaves None (each sent when set).
 _STEP_SPARSE = ("error", "error_code", "wake_at", "event", "since", "deadline")
+
+
+class _PgAcks:
+    """The driver's :class:`~trio_jobs.drivers.AckBatches`: a worker's ack
+    pipeline sends the acks its slots finished as one ``ack_many`` statement."""
+
+    def __init__(self, driver: PostgresDriver) -> None:
+        self._d = driver
+
+    async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
+        return await self._d._ack_many(acks)
 
 
 class _Pending:

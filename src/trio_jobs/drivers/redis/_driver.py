@@ -36,6 +36,7 @@ from .._attempt_log import attempt_records
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
+    AckBatches,
     AckOptions,
     AttemptRecord,
     ChildState,
@@ -349,6 +350,8 @@ class RedisDriver:
         self.backfills: RedisBackfills | None = RedisBackfills(self)
         #: Scheduled tasks: leases, fires and pauses (lua/tasks.lua).
         self.tasks: RedisTasks | None = RedisTasks(self)
+        #: No batched ack: each slot awaits its own ack (the worker's inline path).
+        self.acks: AckBatches | None = None
         self.wake: RedisWake | None = RedisWake(
             subscribe=self._subscribe,
             send_probe=self._send_probe,

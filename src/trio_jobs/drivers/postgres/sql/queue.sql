@@ -8,7 +8,9 @@
 -- for several job rows locks them in id order, in a `locked` CTE whose lock sits
 -- above its sort, and its write joins only `locked`, so it writes no row it did
 -- not lock in that order. Counter rows come after every job row (an aggregate
--- reads them all first), in (bucket, name) order. A job's lease and step rows
+-- reads them all first), in (bucket, name) order; a statement writes one shard of
+-- each (`mod(pg_backend_pid(), 16)`, migration 0031), so another connection's
+-- statement rarely waits on the same row. A job's lease and step rows
 -- are written only under its row's lock, so they follow it. SKIP LOCKED never
 -- waits, and so needs no order; nor does trio_jobs_wake_waiter, which fires at
 -- the end of a statement that deleted lease rows and takes one waiter row each
