@@ -133,6 +133,9 @@ _SHARED_JSON = ("actor", "trace_context")
 #: value only, found without a Python step per request.
 _KEYED = attrgetter("debounce", "unique_for")
 _UNKEYED = {(None, None)}
+_PARENT_WAIT = attrgetter("parent_wait")  # a uuid string, or None
+#: What makes two requests of a batch one job (a live key): name, tenant, key.
+_LIVE_KEY = attrgetter("name", "tenant_id", "idempotency_key")
 
 
 def _json(value: Any) -> str:
@@ -549,7 +552,7 @@ class PostgresDriver:
         text: _RunText,
     ) -> list[EnqueueResult]:
         out = await self._enqueue_rows(run, requests, after_commit=after_commit, text=text)
-        if any(r.parent_wait is not None for r in requests):
+        if any(map(_PARENT_WAIT, requests)):
             await self._adopt(run, requests, out)
         return out
 
@@ -594,14 +597,18 @@ class PostgresDriver:
         for start in range(0, len(requests), ENQUEUE_CHUNK):
             # Inputs sharing a live key are one job: the first stands for the rest,
             # which answer its row, deduped.
-            firsts: dict[tuple[str, str | None, str], int] = {}
+            end = min(start + ENQUEUE_CHUNK, len(requests))
             followers: list[tuple[int, int]] = []
-            for index in range(start, min(start + ENQUEUE_CHUNK, len(requests))):
-                r = requests[index]
-                first = firsts.setdefault((r.name, r.tenant_id, r.idempotency_key), index)
-                if first != index:
-                    followers.append((index, first))
-            pending = list(firsts.values())
+            if len(set(map(_LIVE_KEY, requests[start:end]))) == end - start:
+                pending = list(range(start, end))  # every key its own (C loops only)
+            else:
+                firsts: dict[tuple[str, str | None, str], int] = {}
+                for index in range(start, end):
+                    r = requests[index]
+                    first = firsts.setdefault(_LIVE_KEY(r), index)
+                    if first != index:
+                        followers.append((index, first))
+                pending = list(firsts.values())
             for _round in range(ENQUEUE_ROUNDS):
                 rows = await run(
                     "enqueue_many", self._enqueue_params([requests[i] for i in pending])
@@ -622,8 +629,13 @@ class PostgresDriver:
                         missing.append(index)
                     else:
                         out[index] = EnqueueResult(found[0], found[1], True)
-                for ordinal, index in enumerate(pending, start=1):
-                    if ordinal not in named:
+                if named:
+                    for ordinal, index in enumerate(pending, start=1):
+                        if ordinal not in named:
+                            r = requests[index]
+                            out[index] = EnqueueResult(r.id, r.run_id, False)
+                else:  # every input inserted (a fresh batch)
+                    for index in pending:
                         r = requests[index]
                         out[index] = EnqueueResult(r.id, r.run_id, False)
                 if not missing:
