@@ -585,8 +585,9 @@ async def _tj_pickup_once(dsn: str, schema: str, samples: int, interval: float) 
 
 
 class _StatementCounter:
-    """Counts what crosses the bridge: every statement (``_run``) and every
-    connection-level ``execute`` (BEGIN, COMMIT, LISTEN)."""
+    """Counts what crosses the bridge: every statement (``_run``, and ``_run_text``
+    for the statements sent straight through libpq) and every connection-level
+    ``execute`` (BEGIN, COMMIT, LISTEN)."""
 
     def __init__(self) -> None:
         self.statements = 0
@@ -596,12 +597,18 @@ class _StatementCounter:
     def installed(self) -> Iterator[None]:
         from trio_jobs.drivers.postgres import _bridge
 
-        run, conn_execute = _bridge._run, _bridge.TrioConnection.execute
+        run, run_text = _bridge._run, _bridge._run_text
+        conn_execute = _bridge.TrioConnection.execute
 
         async def counted_run(conn: Any, sql: str, params: Any) -> Any:
             if self.active:
                 self.statements += 1
             return await run(conn, sql, params)
+
+        async def counted_run_text(conn: Any, sql: str, params: Any, *, prepare: bool) -> Any:
+            if self.active:
+                self.statements += 1
+            return await run_text(conn, sql, params, prepare=prepare)
 
         async def counted_execute(conn: Any, *args: Any, **kwargs: Any) -> Any:
             if self.active:
@@ -610,11 +617,13 @@ class _StatementCounter:
 
         bridge: Any = _bridge
         bridge._run = counted_run
+        bridge._run_text = counted_run_text
         bridge.TrioConnection.execute = counted_execute
         try:
             yield
         finally:
             bridge._run = run
+            bridge._run_text = run_text
             bridge.TrioConnection.execute = conn_execute
 
 

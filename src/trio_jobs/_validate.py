@@ -25,6 +25,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_EPOCH",
     "MIN_PRIORITY",
+    "UNSTORABLE",
     "check_priority",
     "check_text",
     "epoch",
@@ -43,12 +44,12 @@ MAX_PRIORITY = 2**31 - 1
 
 # NUL: PostgreSQL text cannot hold it. A lone surrogate: no UTF-8 form, so no
 # driver can send it (psycopg, coredis and the JSON encoder all refuse it).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def text_fault(value: str) -> str | None:
     """Why ``value`` cannot be stored as text by every driver, or ``None``."""
-    found = _UNSTORABLE.search(value)
+    found = UNSTORABLE.search(value)
     if found is None:
         return None
     if found.group() == "\x00":
@@ -60,7 +61,7 @@ def storable(text: str) -> str:
     """``text`` with each character no driver stores (NUL, a lone surrogate)
     replaced by U+FFFD: for text the library records rather than refuses (an
     exception's message, written to ``last_error`` and a step's error)."""
-    return _UNSTORABLE.sub("\ufffd", text)
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def check_text(value: str, *, what: str, code: ErrorCode, fix: str = "") -> None:

@@ -898,6 +898,22 @@ async def test_a_batch_has_distinct_uuid4_ids_and_run_ids() -> None:
         assert parsed.variant == uuid.RFC_4122
 
 
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 1000])
+def test_an_unseeded_batch_of_ids_is_canonical_uuid4_either_side_of_the_columnwise_layout(
+    n: int,
+) -> None:
+    from trio_jobs._time import UuidSource
+
+    ids = UuidSource().new_ids(n)
+    assert len(ids) == n
+    assert len(set(ids)) == n
+    for value in ids:
+        parsed = uuid.UUID(value)
+        assert str(parsed) == value
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
 async def test_a_seeded_id_source_gives_a_batch_the_ids_it_gives_one_by_one() -> None:
     from trio_jobs._time import UuidSource
 

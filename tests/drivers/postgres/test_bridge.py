@@ -8,7 +8,7 @@ import psycopg
 import pytest
 import trio
 
-from trio_jobs.drivers.postgres._bridge import Database, Pool
+from trio_jobs.drivers.postgres._bridge import Database, Pool, statement_name
 from trio_jobs.errors import JobsError
 
 pytestmark = pytest.mark.postgres
@@ -238,3 +238,113 @@ async def test_a_cancel_request_the_server_never_answers_is_bounded_by_the_grace
         finally:
             await db.pool.close()
             nursery.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------------- the text path
+
+
+async def _prepared_names(db: Database) -> list[str]:
+    rows = await db.fetch("SELECT name FROM pg_prepared_statements ORDER BY name")
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+async def test_fetch_text_sends_text_parameters_and_answers_text_columns(
+    pg_dsn: str, prepare: bool
+) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=prepare))
+    try:
+        sql = "SELECT $1::int + 1, $2::text, $3::text IS NULL, $4::json ->> 'a'"
+        for _ in range(3):
+            rows = await db.fetch_text(sql, ["41", "é\u2603", None, '{"a": "b"}'])
+            assert rows == [(b"42", "é\u2603".encode(), b"t", b"b")]
+        assert await db.fetch_text("SELECT 1 WHERE $1::bool", ["f"]) == []
+        # no row set at all (an INSERT without RETURNING) answers no rows
+        await db.fetch("CREATE TEMP TABLE t (x int)")
+        assert await db.fetch_text("INSERT INTO t VALUES ($1::int)", ["1"]) == []
+        assert await db.fetch("SELECT x FROM t") == [(1,)]
+    finally:
+        await db.pool.close()
+
+
+async def test_fetch_text_prepares_once_per_session_only_where_the_pool_prepares(
+    pg_dsn: str,
+) -> None:
+    sql = "SELECT $1::int * 2"
+    direct = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    pooled = Database(Pool(pg_dsn, max_size=1, prepare=False))
+    try:
+        for _ in range(3):
+            assert await direct.fetch_text(sql, ["2"]) == [(b"4",)]
+            assert await pooled.fetch_text(sql, ["2"]) == [(b"4",)]
+        # one named statement on the direct session, none behind a pooler
+        assert [n for n in await _prepared_names(direct) if n.startswith("trio_jobs_")] == [
+            statement_name(sql).decode()
+        ]
+        assert [n for n in await _prepared_names(pooled) if n.startswith("trio_jobs_")] == []
+        # a session whose statements were dropped answers the error once, then
+        # prepares again
+        await direct.fetch("DEALLOCATE ALL")
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            await direct.fetch_text(sql, ["2"])
+        assert await direct.fetch_text(sql, ["3"]) == [(b"6",)]
+    finally:
+        await direct.pool.close()
+        await pooled.pool.close()
+
+
+async def test_fetch_text_raises_the_statements_error_and_the_connection_stays_usable(
+    pg_dsn: str,
+) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    try:
+        with pytest.raises(psycopg.errors.DivisionByZero) as err:
+            await db.fetch_text("SELECT 1 / $1::int", ["0"])
+        assert err.value.sqlstate == "22012"
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await db.fetch_text("SELECT * FROM no_such_table_here WHERE $1::int = 1", ["1"])
+        assert await db.fetch_text("SELECT 1 / $1::int", ["1"]) == [(b"1",)]
+        assert db.pool.size == 1
+    finally:
+        await db.pool.close()
+
+
+async def test_cancelling_fetch_text_cancels_the_statement_on_the_server(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    marker = "bridge_cancel_probe_text"
+    try:
+        with trio.move_on_after(0.3) as scope:
+            await db.fetch_text(f"SELECT pg_sleep($1::float8) /* {marker} */", ["30"])
+        assert scope.cancelled_caught
+        assert _active_sleeps(pg_dsn, marker) == 0
+        assert await db.fetch_text("SELECT $1::int", ["2"]) == [(b"2",)]
+        assert db.pool.size == 1
+        # a scope cancelled before the call sends nothing
+        with trio.CancelScope() as early:
+            early.cancel()
+            await db.fetch_text(f"SELECT pg_sleep($1::float8) /* {marker} */", ["30"])
+        assert early.cancelled_caught
+        assert _active_sleeps(pg_dsn, marker) == 0
+    finally:
+        await db.pool.close()
+
+
+async def test_fetch_text_in_a_transaction_commits_or_rolls_back_with_it(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    try:
+        await db.fetch("CREATE TABLE IF NOT EXISTS pg_temp.tt (x int)")
+        async with db.transaction() as tx:
+            assert await tx.fetch_text("INSERT INTO tt VALUES ($1::int) RETURNING x", ["5"]) == [
+                (b"5",)
+            ]
+
+        async def insert_then_fail() -> None:
+            async with db.transaction() as tx:
+                await tx.fetch_text("INSERT INTO tt VALUES ($1::int)", ["6"])
+                raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await insert_then_fail()
+        assert await db.fetch("SELECT x FROM tt") == [(5,)]
+    finally:
+        await db.pool.close()

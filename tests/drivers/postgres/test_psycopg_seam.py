@@ -74,6 +74,31 @@ CALLS: list[tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
     ("pgconn.cancel_conn()", pq_abc.PGconn.cancel_conn, (_,), {}),
     ("pgconn.consume_input()", pq_abc.PGconn.consume_input, (_,), {}),
     ("pgconn.notifies()", pq_abc.PGconn.notifies, (_,), {}),
+    # the text path (_run_text): a hot statement sent without a cursor
+    ("pgconn.send_prepare(name, sql)", pq_abc.PGconn.send_prepare, (_, b"n", b"SELECT 1"), {}),
+    (
+        "pgconn.send_query_prepared(name, values)",
+        pq_abc.PGconn.send_query_prepared,
+        (_, b"n", [b"1"]),
+        {},
+    ),
+    (
+        "pgconn.send_query_params(sql, values)",
+        pq_abc.PGconn.send_query_params,
+        (_, b"SELECT $1", [None]),
+        {},
+    ),
+    ("pgconn.flush()", pq_abc.PGconn.flush, (_,), {}),
+    ("pgconn.is_busy()", pq_abc.PGconn.is_busy, (_,), {}),
+    ("pgconn.get_result()", pq_abc.PGconn.get_result, (_,), {}),
+    ("pgconn.parameter_status(name)", pq_abc.PGconn.parameter_status, (_, b"client_encoding"), {}),
+    ("pgresult.get_value(row, col)", pq_abc.PGresult.get_value, (_, 0, 0), {}),
+    (
+        "errors.error_from_result(res, encoding=)",
+        psycopg.errors.error_from_result,
+        (_,),
+        {"encoding": "utf-8"},
+    ),
     ("cancel_conn.start()", pq_abc.PGcancelConn.start, (_,), {}),
     ("cancel_conn.poll()", pq_abc.PGcancelConn.poll, (_,), {}),
     ("cancel_conn.finish()", pq_abc.PGcancelConn.finish, (_,), {}),
@@ -99,6 +124,10 @@ ATTRIBUTES = [
     (pq.PGconn, "connect_poll"),
     (pq.PGconn, "cancel_conn"),
     (pq.PGcancelConn, "poll"),
+    (pq_abc.PGresult, "status"),
+    (pq_abc.PGresult, "nfields"),
+    (pq_abc.PGresult, "ntuples"),
+    (psycopg.AsyncConnection, "info"),
     (psycopg.AsyncConnection, "closed"),
     # set to None: no server-side prepared statement behind a pooler
     (psycopg.AsyncConnection, "prepare_threshold"),
@@ -142,6 +171,7 @@ def test_the_enumerations_the_bridge_compares_with() -> None:
     for name in ("ACTIVE", "IDLE"):
         assert hasattr(pq.TransactionStatus, name)
     assert hasattr(pq.ExecStatus, "TUPLES_OK")
+    assert hasattr(pq.ExecStatus, "FATAL_ERROR")
 
 
 def test_the_required_psycopg_cancels_without_blocking() -> None:
@@ -165,6 +195,8 @@ def test_the_exceptions_the_bridge_and_driver_catch() -> None:
         assert issubclass(getattr(psycopg, name), Exception)
     assert issubclass(psycopg.errors.QueryCanceled, psycopg.OperationalError)
     assert issubclass(psycopg.errors.UniqueViolation, psycopg.IntegrityError)
+    # what a session that lost the text path's prepared statement answers
+    assert psycopg.errors.lookup("26000") is psycopg.errors.InvalidSqlStatementName
 
 
 #: ``AsyncConnection.wait`` as psycopg has declared it: the one method the bridge

@@ -37,7 +37,31 @@ def _count_statements(driver: PostgresDriver) -> list[str]:
         return await original(statement, params)
 
     db.fetch = fetch  # type: ignore[method-assign]
+    original_text = db.fetch_text
+
+    async def fetch_text(statement: str, params: Any) -> Any:
+        seen.append(statement)
+        return await original_text(statement, params)
+
+    db.fetch_text = fetch_text  # type: ignore[method-assign]
     return seen
+
+
+async def test_a_single_enqueue_is_one_statement_and_a_held_key_asks_who_holds_it(
+    driver: PostgresDriver, pg_dsn: str, pg_schema: str
+) -> None:
+    seen = _count_statements(driver)
+    first = await driver.enqueue_many([req("solo", payload={"n": 1})])
+    assert len(seen) == 1
+    assert seen[0].lstrip().startswith("INSERT INTO trio_jobs_jobs")
+    assert not first[0].deduped
+    # the key is held: the insert answers nothing, enqueue_many names the holder
+    again = await driver.enqueue_many([req("solo", payload={"n": 2})])
+    assert len(seen) == 3
+    assert again[0].deduped
+    assert (again[0].id, again[0].run_id) == (first[0].id, first[0].run_id)
+    rows = sql(pg_dsn, pg_schema, "SELECT payload::text, state FROM trio_jobs_jobs")
+    assert rows == [('{"n":1}', "ready")]
 
 
 async def test_twenty_concurrent_enqueues_of_one_key_make_one_row(

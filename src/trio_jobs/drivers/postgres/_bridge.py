@@ -54,6 +54,8 @@ interval, timeout)``: psycopg calls it with every generator it drives.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import select
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -92,6 +94,7 @@ Row = tuple[Any, ...]
 
 _WAIT_R = psycopg.waiting.Wait.R
 _WAIT_W = psycopg.waiting.Wait.W
+_WAIT_RW = psycopg.waiting.Wait.RW
 _READY_R = psycopg.waiting.Ready.R
 _READY_W = psycopg.waiting.Ready.W
 _ACTIVE = pq.TransactionStatus.ACTIVE
@@ -102,6 +105,8 @@ _POLL_OK = pq.PollingStatus.OK
 _POLL_READING = pq.PollingStatus.READING
 _POLL_WRITING = pq.PollingStatus.WRITING
 _POLL_FAILED = pq.PollingStatus.FAILED
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 
 #: After how many runs psycopg prepares a statement on the server (its default),
 #: where preparing is allowed.
@@ -279,6 +284,9 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
     inherited asyncio lock is therefore never contended and never touches an
     event loop."""
 
+    #: The statements :func:`_run_text` prepared on this session (their names).
+    text_prepared: set[bytes]
+
     async def wait(
         self, gen: PQGen[RV], interval: float | None = None, timeout: float | None = None
     ) -> RV:
@@ -370,6 +378,7 @@ async def connect(conninfo: str, *, timeout: float = 10.0, prepare: bool = False
             last = exc
             continue
         conn = TrioConnection(pgconn)
+        conn.text_prepared = set()
         conn.prepare_threshold = PREPARE_THRESHOLD if prepare else None
         await conn.set_autocommit(True)
         set_json_loads(_json_loads, conn)
@@ -446,7 +455,15 @@ class Pool:
     async def acquire(self) -> TrioConnection:
         if self.closed:
             raise unavailable(None, "PostgreSQL (the driver is closed)")
-        await self._slots.acquire()
+        # A free slot is taken without a schedule point (Semaphore.acquire always
+        # yields to the scheduler: a whole pass of the run loop per statement);
+        # the statement's own wait for its answer is the call's checkpoint, and a
+        # cancelled scope still refuses here, before anything is sent.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -508,17 +525,116 @@ async def _run(conn: TrioConnection, sql: str, params: Params) -> list[Row]:
     return []
 
 
+#: Parameters of :func:`_run_text`: each one's text form (``None`` is NULL).
+TextParams = Sequence[str | None]
+#: A row as :func:`_run_text` answers it: each column's text form.
+TextRow = tuple[bytes | None, ...]
+
+
+def _results(pgconn: pq.abc.PGconn) -> PQGen[list[pq.abc.PGresult]]:
+    """Flush what was sent, then read every result of it: the generator psycopg's
+    own execute is, over the documented ``psycopg.pq`` calls only."""
+    while pgconn.flush():
+        ready = yield _WAIT_RW
+        if ready & _READY_R:
+            pgconn.consume_input()
+    out: list[pq.abc.PGresult] = []
+    while True:
+        if pgconn.is_busy():
+            yield _WAIT_R
+            pgconn.consume_input()
+            continue
+        res = pgconn.get_result()
+        if res is None:
+            return out
+        out.append(res)
+
+
+@functools.lru_cache(maxsize=256)
+def statement_name(sql: str) -> bytes:
+    """The name :func:`_run_text` prepares ``sql`` under: one per text, so two
+    schemas' (or two versions') texts on one session never share a name, and
+    none meets psycopg's own (``_pg3_N``)."""
+    return b"trio_jobs_" + hashlib.blake2s(sql.encode(), digest_size=10).hexdigest().encode()
+
+
+async def _run_text(
+    conn: TrioConnection, sql: str, params: TextParams, *, prepare: bool
+) -> list[TextRow]:
+    """One statement of ``$n`` placeholders, straight through libpq: parameters
+    and answer in their text forms, no cursor, no adaptation, no prepared-
+    statement bookkeeping of psycopg's. For the hottest statements (an
+    ``enqueue``): psycopg's cursor costs more client time per call than the
+    statement's own parse and run on the server (benchmarks/README.md).
+
+    With ``prepare`` (a direct connection, see :meth:`Database.is_direct`) the
+    statement is prepared on the session once, by name, and then sent as a Bind
+    alone; without it (a pooler may hand the next statement to another server
+    connection) it is sent whole each time, as an unnamed statement. Either way
+    one round trip, and waits go through :meth:`TrioConnection.wait`, so a
+    cancelled call cancels the statement on the server as any other does."""
+    pgconn = conn.pgconn
+    # The session's client encoding, as psycopg itself encodes parameters (read
+    # each call: a SET may change it); UTF8, nearly always, without a lookup.
+    server_encoding = pgconn.parameter_status(b"client_encoding")
+    encoding = "utf-8" if server_encoding == b"UTF8" else conn.info.encoding
+    values = [None if v is None else v.encode(encoding) for v in params]
+    if prepare:
+        name = statement_name(sql)
+        if name not in conn.text_prepared:
+            pgconn.send_prepare(name, sql.encode(encoding))
+            _raise_failed(await conn.wait(_results(pgconn)), conn)
+            conn.text_prepared.add(name)
+        pgconn.send_query_prepared(name, values)
+    else:
+        pgconn.send_query_params(sql.encode(encoding), values)
+    results = await conn.wait(_results(pgconn))
+    try:
+        _raise_failed(results, conn)
+    except psycopg.errors.InvalidSqlStatementName:
+        # Something dropped the session's prepared statements (DEALLOCATE ALL):
+        # prepare again next time.
+        conn.text_prepared.clear()
+        raise
+    out: list[TextRow] = []
+    for res in results:
+        if res.status == _TUPLES_OK:
+            columns = range(res.nfields)
+            out.extend(
+                tuple(res.get_value(row, col) for col in columns) for row in range(res.ntuples)
+            )
+    return out
+
+
+def _raise_failed(results: Sequence[pq.abc.PGresult], conn: TrioConnection) -> None:
+    for res in results:
+        if res.status == _FATAL_ERROR:
+            raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+
+
 class Transaction:
     """A Trio-side handle on one open transaction: each :meth:`execute` is one
     round trip on the transaction's connection."""
 
-    def __init__(self, conn: TrioConnection) -> None:
+    def __init__(self, conn: TrioConnection, *, prepare: bool = False) -> None:
         self.conn = conn
+        self.prepare = prepare
         self.after_commit: list[Callable[[], None]] = []
 
     async def execute(self, sql: str, params: Params = None) -> list[Row]:
         try:
             return await _run(self.conn, sql, params)
+        except psycopg.Error as exc:
+            found = translate(exc)
+            if found is not exc:
+                raise found from None
+            raise
+
+    async def fetch_text(self, sql: str, params: TextParams) -> list[TextRow]:
+        """:meth:`Database.fetch_text` inside the transaction (``sql`` names its
+        objects through the transaction's ``search_path``)."""
+        try:
+            return await _run_text(self.conn, sql, params, prepare=self.prepare)
         except psycopg.Error as exc:
             found = translate(exc)
             if found is not exc:
@@ -618,9 +734,39 @@ class Database:
         """Run one statement; its rows (none for a statement that returns none)."""
         if self.schema is not None:
             sql = qualify(sql, self.schema)
+        pool = self.pool
         try:
-            async with self.pool.connection() as conn:
+            conn = await pool.acquire()
+            try:
                 rows = await _run(conn, sql, params)
+            finally:
+                await pool.release(conn)
+        except psycopg.Error as exc:
+            found = translate(exc)
+            if found is not exc:
+                self._outage(found)
+                raise found from None
+            raise
+        except DriverError as exc:
+            self._outage(exc)
+            raise
+        if self.down_since is not None:
+            self._recovered()
+        return rows
+
+    async def fetch_text(self, sql: str, params: TextParams) -> list[TextRow]:
+        """Run one statement of ``$1``-style placeholders through libpq directly
+        (:func:`_run_text`): parameters in their text forms (``None`` is NULL),
+        each row's columns as text bytes. One round trip, like :meth:`fetch`."""
+        if self.schema is not None:
+            sql = qualify(sql, self.schema)
+        pool = self.pool
+        try:
+            conn = await pool.acquire()
+            try:
+                rows = await _run_text(conn, sql, params, prepare=pool.prepare)
+            finally:
+                await pool.release(conn)
         except psycopg.Error as exc:
             found = translate(exc)
             if found is not exc:
@@ -658,7 +804,7 @@ class Database:
                 found = unavailable(exc)
                 self._outage(found)
                 raise found from None
-            tx = Transaction(conn)
+            tx = Transaction(conn, prepare=self.pool.prepare)
             try:
                 yield tx
             except BaseException:

@@ -79,9 +79,9 @@ from .._resolve import AMBIGUOUS_SHOWN, check_bulk_action, resolved_prefix
 from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import PgBackfills
-from ._bridge import Database, Pool, Row, Transaction, unavailable
+from ._bridge import Database, Pool, Row, TextParams, TextRow, Transaction, unavailable
 from ._migrate import LATEST, migrate, out_of_date, schema_version, too_new
-from ._sql import query
+from ._sql import positional, query
 from ._tasks import PgTasks
 from ._wake import PgWake
 
@@ -109,6 +109,9 @@ _LAPSE_MESSAGE = (
 
 #: Runs one named query with its parameters (on the pool, or in a transaction).
 _Run = Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
+#: Runs one ``$n`` statement through libpq directly (``Database.fetch_text``, or
+#: the transaction's), parameters and answer as text.
+_RunText = Callable[[str, TextParams], Awaitable[list[TextRow]]]
 
 
 #: EnqueueRequest columns a batch usually shares: sent once when it does.
@@ -130,6 +133,9 @@ _SHARED_JSON = ("actor", "trace_context")
 #: value only, found without a Python step per request.
 _KEYED = attrgetter("debounce", "unique_for")
 _UNKEYED = {(None, None)}
+_PARENT_WAIT = attrgetter("parent_wait")  # a uuid string, or None
+#: What makes two requests of a batch one job (a live key): name, tenant, key.
+_LIVE_KEY = attrgetter("name", "tenant_id", "idempotency_key")
 
 
 def _json(value: Any) -> str:
@@ -212,6 +218,52 @@ def _channel(schema: str) -> str:
         return "trio_jobs"
     digest = hashlib.blake2s(schema.encode(), digest_size=6).hexdigest()
     return f"trio_jobs_{digest}"
+
+
+def _text(value: Any) -> str | None:
+    """A parameter's text form, as PostgreSQL reads it back: ``t``/``f`` for a
+    bool, ``repr`` for an int or a float (a float's repr parses back to the same
+    double), the string itself for text and uuids."""
+    if value is None or type(value) is str:
+        return value
+    if value is True:
+        return "t"
+    if value is False:
+        return "f"
+    return repr(value)
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else dumps(value).decode()
+
+
+def _one_params(
+    r: EnqueueRequest, names: Sequence[str], *, now: float | None, channel: str, notify: bool
+) -> list[str | None]:
+    """enqueue_one's parameters in their ``$n`` order, as text."""
+    by_name = {
+        "id": r.id,
+        "run_id": r.run_id,
+        "name": r.name,
+        "queue": r.queue,
+        "payload": _json_text(r.payload),
+        "tenant_id": r.tenant_id,
+        "key": r.idempotency_key,
+        "ckey": r.concurrency_key,
+        "max_attempts": _text(r.max_attempts),
+        "priority": _text(r.priority),
+        "run_at": _text(r.run_at),
+        "delay": _text(r.delay),
+        "actor": _json_text(r.actor),
+        "trace_context": _json_text(r.trace_context),
+        "sensitive": _text(r.sensitive),
+        "parent_id": r.parent_id,
+        "parent_wait": r.parent_wait,
+        "now": _text(now),
+        "channel": channel,
+        "notify": "t" if notify else "f",
+    }
+    return [by_name[name] for name in names]
 
 
 def _row_params(r: EnqueueRequest) -> dict[str, Any]:
@@ -488,7 +540,9 @@ class PostgresDriver:
     # ------------------------------------------------------------------ enqueue
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        return await self._enqueue(self._fetch, requests, after_commit=None)
+        return await self._enqueue(
+            self._fetch, requests, after_commit=None, text=self.db.fetch_text
+        )
 
     async def _enqueue(
         self,
@@ -496,9 +550,10 @@ class PostgresDriver:
         requests: Sequence[EnqueueRequest],
         *,
         after_commit: list[Callable[[], None]] | None,
+        text: _RunText,
     ) -> list[EnqueueResult]:
-        out = await self._enqueue_rows(run, requests, after_commit=after_commit)
-        if any(r.parent_wait is not None for r in requests):
+        out = await self._enqueue_rows(run, requests, after_commit=after_commit, text=text)
+        if any(map(_PARENT_WAIT, requests)):
             await self._adopt(run, requests, out)
         return out
 
@@ -524,28 +579,37 @@ class PostgresDriver:
         requests: Sequence[EnqueueRequest],
         *,
         after_commit: list[Callable[[], None]] | None,
+        text: _RunText,
     ) -> list[EnqueueResult]:
         self.db  # noqa: B018 — refuse a closed driver before any work
-        if set(map(_KEYED, requests)) != _UNKEYED:
-            return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         if len(requests) == 1:
-            inserted = await self._enqueue_one(run, requests[0], after_commit=after_commit)
-            if inserted is not None:
-                return [inserted]
-            # The key is held (or the id known): enqueue_many names the holder.
+            only = requests[0]
+            if only.debounce is None and only.unique_for is None:
+                inserted = await self._enqueue_one(text, only, after_commit=after_commit)
+                if inserted is not None:
+                    return [inserted]
+                # The key is held (or the id known): enqueue_many names the holder.
+            else:
+                return await self._enqueue_keyed(run, requests, after_commit=after_commit)
+        elif set(map(_KEYED, requests)) != _UNKEYED:
+            return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         out: list[EnqueueResult | None] = [None] * len(requests)
         ready_queues: set[str] = set()
         for start in range(0, len(requests), ENQUEUE_CHUNK):
             # Inputs sharing a live key are one job: the first stands for the rest,
             # which answer its row, deduped.
-            firsts: dict[tuple[str, str | None, str], int] = {}
+            end = min(start + ENQUEUE_CHUNK, len(requests))
             followers: list[tuple[int, int]] = []
-            for index in range(start, min(start + ENQUEUE_CHUNK, len(requests))):
-                r = requests[index]
-                first = firsts.setdefault((r.name, r.tenant_id, r.idempotency_key), index)
-                if first != index:
-                    followers.append((index, first))
-            pending = list(firsts.values())
+            if len(set(map(_LIVE_KEY, requests[start:end]))) == end - start:
+                pending = list(range(start, end))  # every key its own (C loops only)
+            else:
+                firsts: dict[tuple[str, str | None, str], int] = {}
+                for index in range(start, end):
+                    r = requests[index]
+                    first = firsts.setdefault(_LIVE_KEY(r), index)
+                    if first != index:
+                        followers.append((index, first))
+                pending = list(firsts.values())
             for _round in range(ENQUEUE_ROUNDS):
                 rows = await run(
                     "enqueue_many", self._enqueue_params([requests[i] for i in pending])
@@ -566,8 +630,13 @@ class PostgresDriver:
                         missing.append(index)
                     else:
                         out[index] = EnqueueResult(found[0], found[1], True)
-                for ordinal, index in enumerate(pending, start=1):
-                    if ordinal not in named:
+                if named:
+                    for ordinal, index in enumerate(pending, start=1):
+                        if ordinal not in named:
+                            r = requests[index]
+                            out[index] = EnqueueResult(r.id, r.run_id, False)
+                else:  # every input inserted (a fresh batch)
+                    for index in pending:
                         r = requests[index]
                         out[index] = EnqueueResult(r.id, r.run_id, False)
                 if not missing:
@@ -631,25 +700,26 @@ class PostgresDriver:
 
     async def _enqueue_one(
         self,
-        run: _Run,
+        text: _RunText,
         r: EnqueueRequest,
         *,
         after_commit: list[Callable[[], None]] | None,
     ) -> EnqueueResult | None:
         """The single-request fast path: the new row's result, or None when the
         insert met a live key or a known id (nothing was written)."""
-        allowed = bool(self._notify_allowed([r.queue]))
-        params = _row_params(r)
-        params["channel"] = self.channel
-        params["notify"] = allowed
-        rows = await run("enqueue_one", params)
+        queue = r.queue
+        at = self._notified.get(queue)
+        allowed = at is None or at + NOTIFY_INTERVAL <= trio.current_time()
+        sql, names = positional("enqueue_one")
+        params = _one_params(r, names, now=self._now_param(), channel=self.channel, notify=allowed)
+        rows = await text(sql, params)
         if not rows:
             return None
         state, notified = rows[0]
-        if notified:
-            self._mark_notified([r.queue])
-        if state == "ready":
-            queues = [r.queue]
+        if notified == b"t":
+            self._mark_notified([queue])
+        if state == b"ready":
+            queues = [queue]
             if after_commit is None:
                 self._fire(queues)
             else:
@@ -995,7 +1065,9 @@ class _PgTx:
         return await self._tx.execute(query(name), {"now": self._driver._now_param(), **params})
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        return await self._driver._enqueue(self._run, requests, after_commit=self._tx.after_commit)
+        return await self._driver._enqueue(
+            self._run, requests, after_commit=self._tx.after_commit, text=self._tx.fetch_text
+        )
 
     async def publish(self, name: str, payload: Any) -> None:
         rows = await self._run(

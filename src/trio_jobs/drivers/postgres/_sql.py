@@ -11,7 +11,15 @@ import functools
 import re
 from importlib import resources
 
-__all__ = ["load_queries", "migrations", "qualify", "query", "quote_ident", "schema_sql"]
+__all__ = [
+    "load_queries",
+    "migrations",
+    "positional",
+    "qualify",
+    "query",
+    "quote_ident",
+    "schema_sql",
+]
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z0-9_]+)\s*$", re.MULTILINE)
 
@@ -49,6 +57,27 @@ def load_queries() -> dict[str, str]:
 
 def query(name: str) -> str:
     return load_queries()[name]
+
+
+_NAMED_PARAM_RE = re.compile(r"%\((\w+)\)s|%%")
+
+
+@functools.cache
+def positional(name: str) -> tuple[str, tuple[str, ...]]:
+    """Query ``name`` with its ``%(param)s`` placeholders as ``$1``, ``$2``, ...
+    (one number per distinct name) and the names in that order: the form
+    libpq takes directly (``Database.fetch_text``)."""
+    names: list[str] = []
+
+    def one(match: re.Match[str]) -> str:
+        param = match.group(1)
+        if param is None:
+            return "%"
+        if param not in names:
+            names.append(param)
+        return f"${names.index(param) + 1}"
+
+    return _NAMED_PARAM_RE.sub(one, query(name)), tuple(names)
 
 
 @functools.cache

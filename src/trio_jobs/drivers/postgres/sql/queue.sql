@@ -98,33 +98,31 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id);
 
 -- name: enqueue_one
 -- One request, the common case (an `enqueue` in a request handler): the same
--- insert as enqueue_many with scalar parameters instead of a JSON array, about
--- a fifth cheaper end to end (benchmarks/README.md). It answers a row only when
--- it inserted; a held key or a known id answers nothing, and the caller asks
--- enqueue_many, which names the holder. The pg_notify rides along when the
--- caller's 250 ms throttle allows it (`notify`) and the row is due now.
-WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
-ins AS (
-    INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
-        concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
-        trace_context, sensitive, parent_id, parent_wait)
-    SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s, %(queue)s, %(payload)s::json,
-        %(tenant_id)s, %(key)s, %(ckey)s, %(max_attempts)s::int, %(priority)s::int,
-        CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'delayed' END, r.run_at, n.now, n.now,
-        %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool, %(parent_id)s::uuid,
-        %(parent_wait)s::uuid
-    FROM n
-    CROSS JOIN LATERAL (
-        SELECT coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) AS run_at
-    ) r
-    ON CONFLICT DO NOTHING
-    RETURNING state
-),
-notified AS (
-    SELECT pg_notify(%(channel)s, %(queue)s) FROM ins
-    WHERE ins.state = 'ready' AND %(notify)s::bool
-)
-SELECT ins.state, (SELECT count(*) FROM notified) FROM ins;
+-- insert as enqueue_many with scalar parameters instead of a JSON array, as one
+-- plain INSERT (no CTE: each one costs the server a materialised scan, and the
+-- statement is run per call). The driver sends it straight through libpq
+-- (`Database.fetch_text`: text parameters, prepared once per session on a
+-- direct connection), which is why it names every parameter's type. It answers
+-- a row only when it inserted; a held key or a known id answers nothing, and the
+-- caller asks enqueue_many, which names the holder. The pg_notify rides along in
+-- RETURNING, evaluated only for the inserted row, when the caller's 250 ms
+-- throttle allows it (`notify`) and the row is due now: `notified` is true then.
+INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, tenant_id, idempotency_key,
+    concurrency_key, max_attempts, priority, state, run_at, created_at, updated_at, actor,
+    trace_context, sensitive, parent_id, parent_wait)
+SELECT %(id)s::uuid, %(run_id)s::uuid, %(name)s::text, %(queue)s::text, %(payload)s::json,
+    %(tenant_id)s::text, %(key)s::text, %(ckey)s::text, %(max_attempts)s::int,
+    %(priority)s::int, CASE WHEN t.run_at <= t.now THEN 'ready' ELSE 'delayed' END,
+    t.run_at, t.now, t.now, %(actor)s::json, %(trace_context)s::json, %(sensitive)s::bool,
+    %(parent_id)s::uuid, %(parent_wait)s::uuid
+FROM (
+    SELECT n.now, coalesce(%(run_at)s::float8, n.now + coalesce(%(delay)s::float8, 0)) AS run_at
+    FROM (SELECT trio_jobs_now(%(now)s::float8) AS now) n
+) t
+ON CONFLICT DO NOTHING
+RETURNING state,
+    CASE WHEN state = 'ready' AND %(notify)s::bool
+        THEN (SELECT true FROM pg_notify(%(channel)s::text, queue)) END AS notified;
 
 -- name: enqueue_keyed
 -- One request of a job declaring debounce= or unique_for= (jobs without either
