@@ -5,7 +5,7 @@ Same semantics as the memory driver (the reference). Every change that touches
 more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
 ``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
 reap included), the acks of every slot one fenced call a batch (the settle
-combiner, ``_combine.py``) that also moves the counters and frees the rows' keys
+combiner, ``drivers/_combine.py``) that also moves the counters and frees the rows' keys
 and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
 held row. The operator surface is ``_introspect.py`` (``lua/operate.lua``). Due times and leases are decided with the server's clock (``TIME`` inside
 the scripts); a test may pass a ``clock`` whose now is sent with every call
@@ -33,6 +33,7 @@ from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from ...logging import emit
 from .._attempt_log import attempt_records
+from .._combine import Combiner
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -63,7 +64,6 @@ from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
-from ._combine import Combiner
 from ._introspect import RedisIntrospection
 from ._tasks import RedisTasks
 from ._wake import RedisWake
@@ -183,26 +183,28 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     records = []
     for name, value in _pairs(flat).items():
         seq, _, body = value.partition("\n")
-        data = loads(body)
-        records.append(
-            StepRecord(
-                name=name,
-                status=data["status"],
-                seq=int(seq),
-                executions=int(data.get("executions") or 0),
-                output=data.get("output"),
-                error=data.get("error"),
-                error_code=data.get("error_code"),
-                wake_at=data.get("wake_at"),
-                event=data.get("event"),
-                since=data.get("since"),
-                deadline=data.get("deadline"),
-                started_at=data.get("started_at"),
-                ended_at=data.get("ended_at"),
-            )
-        )
+        records.append(_step_record(name, int(seq), loads(body)))
     records.sort(key=lambda r: r.seq)
     return records
+
+
+def _step_record(name: str, seq: int, data: Mapping[str, Any]) -> StepRecord:
+    """One step record from its stored JSON body (see :func:`_step_body`)."""
+    return StepRecord(
+        name=name,
+        status=data["status"],
+        seq=seq,
+        executions=int(data.get("executions") or 0),
+        output=data.get("output"),
+        error=data.get("error"),
+        error_code=data.get("error_code"),
+        wake_at=data.get("wake_at"),
+        event=data.get("event"),
+        since=data.get("since"),
+        deadline=data.get("deadline"),
+        started_at=data.get("started_at"),
+        ended_at=data.get("ended_at"),
+    )
 
 
 def _claimed(r: list[Any]) -> ClaimedJob:
@@ -227,23 +229,11 @@ def _claimed(r: list[Any]) -> ClaimedJob:
         promoted=r[17] == "1",
         lapsed=r[18] == "1",
         steps=[
-            StepRecord(
-                name=name,
-                status=data["status"],
-                seq=int(seq),
-                executions=int(data.get("executions") or 0),
-                output=data.get("output"),
-                error=data.get("error"),
-                error_code=data.get("error_code"),
-                wake_at=data.get("wake_at"),
-                event=data.get("event"),
-                since=data.get("since"),
-                deadline=data.get("deadline"),
-                started_at=data.get("started_at"),
-                ended_at=data.get("ended_at"),
-            )
+            _step_record(name, int(seq), data)
             for name, seq, data in sorted(r[19], key=lambda s: int(s[1]))
-        ],
+        ]
+        if r[19]
+        else [],
     )
 
 
@@ -358,6 +348,7 @@ class RedisDriver:
             self._flush_acks,
             lambda: self.client,
             lambda: unavailable("the driver closed with the settle in flight"),
+            exit_error=lambda: unavailable("the driver closed with the settle in flight"),
         )
         # Settles whose call raised (the script may have run, its reply lost):
         # the next settle of the same claim is a retry (see ack).
@@ -653,7 +644,7 @@ class RedisDriver:
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         """The fenced completion. Concurrent acks from many slots share one
-        script call (the settle combiner, ``_combine.py``); each returns once
+        script call (the settle combiner, ``drivers/_combine.py``); each returns once
         its row is settled. A retry after a call that raised answers ``True``
         when this claim's settle already landed (the script keeps the settling
         claim), moving nothing twice; after a clean answer a second settle is
@@ -666,7 +657,7 @@ class RedisDriver:
             self._mark_unsure(key)
             raise
 
-    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> list[bool]:
+    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> set[int]:
         settles = [
             (
                 job_id,
@@ -681,7 +672,13 @@ class RedisDriver:
         ]
         # One argument, however many settles: the client's cost is per argument.
         landed = await self._script("ack", [_json(settles)])
-        return [bool(int(x)) for x in landed]
+        if len(landed) != len(settles):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"the ack script answered {len(landed)} settles for {len(settles)} sent; "
+                "this is a bug in the Redis driver",
+            )
+        return {i for i, x in enumerate(landed, start=1) if int(x)}
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         """The fenced hand-back; a retry recognises its landed hand-back as
