@@ -266,7 +266,7 @@ def _check_duration(duration: float | None) -> None:
 
 
 def _request_row(r: EnqueueRequest) -> list[str]:
-    """One request as the 19 script arguments ``insert_row`` reads."""
+    """One request as the 20 script arguments ``insert_row`` reads."""
     return [
         r.id,
         r.run_id,
@@ -287,6 +287,7 @@ def _request_row(r: EnqueueRequest) -> list[str]:
         _opt(r.parent_id),
         _num(r.debounce),
         _num(r.unique_for),
+        _opt(r.parent_wait),
     ]
 
 
@@ -715,6 +716,7 @@ class RedisDriver:
                 options.error_code or "",
                 first_line(options.last_error) or "",
                 "1" if options.wait_children else "0",
+                _opt(options.children_wait),
             ],
         )
         if not int(landed[0]):

@@ -222,15 +222,26 @@ end
 
 -- A child (step.invoke/step.gather: its 'par') left the live states: its
 -- parent counts it down ('kp', once per child: 'cs'), and the last one makes
--- a parent suspended on its children ('wc') due at once.
+-- a parent suspended on its children ('wc') due at once. A child of a wait
+-- ('pw': its step's wait, EnqueueRequest.parent_wait) is also counted on that
+-- wait ('kw:<wait>'): the last of the wait a parent is suspended on ('cw')
+-- makes it due, however many children of earlier steps still run. (A child
+-- stored before waits were counted has no 'pw': the parent's total decides.)
 local function child_settled(jk, par)
   if not par then return end
   if redis.call('HSETNX', jk, 'cs', 1) == 0 then return end
   local pk = jobkey(par)
   if redis.call('EXISTS', pk) == 0 then return end
-  if redis.call('HINCRBY', pk, 'kp', -1) > 0 then return end
-  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q')
-  if f[1] == 'suspended' and f[2] == '1' and tonumber(f[3]) > NOW then
+  local left = redis.call('HINCRBY', pk, 'kp', -1)
+  local pw = redis.call('HGET', jk, 'pw')
+  if pw then
+    left = redis.call('HINCRBY', pk, 'kw:' .. pw, -1)
+    if left <= 0 then redis.call('HDEL', pk, 'kw:' .. pw) end
+  end
+  if left > 0 then return end
+  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q', 'cw')
+  if f[1] == 'suspended' and f[2] == '1' and (not f[5] or f[5] == pw)
+      and tonumber(f[3]) > NOW then
     redis.call('ZREM', P .. ':sched:' .. f[4], par)
     redis.call('HSET', pk, 'run', fmt(NOW), 'upd', fmt(NOW))
     index(pk, par, f[4])
@@ -456,8 +467,9 @@ end
 
 -- A row's arguments: id, run id, name, queue, payload, tenant, idempotency
 -- key, concurrency key, max attempts, priority, run_at, delay, actor, trace
--- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for.
-local ROW = 19
+-- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for,
+-- the parent's wait (a child of step.invoke/step.gather).
+local ROW = 20
 
 local function need_positive_opt(v, name)
   local bad = need_opt(v, name)
@@ -468,7 +480,7 @@ end
 -- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
 -- arguments; checked for every row before the first is written).
 local function row_fault(i, r)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf, pw = unpack(ARGV, i, i + ROW - 1)
   local bad = first(
     need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
     need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
@@ -478,7 +490,7 @@ local function row_fault(i, r)
     need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'),
     (sens ~= '0' and sens ~= '1') and "sensitive must be '0' or '1'" or nil,
     need_opt(par, 'parent_id'), need_positive_opt(deb, 'debounce'),
-    need_positive_opt(uf, 'unique_for'))
+    need_positive_opt(uf, 'unique_for'), need_opt(pw, 'parent_wait'))
   if bad then return 'row ' .. r .. ': ' .. bad end
   return nil
 end
@@ -497,7 +509,7 @@ end
 
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf, pw = unpack(ARGV, i, i + ROW - 1)
   local run_at
   if deb ~= '' then
     run_at = NOW + tonumber(opt(deb))
@@ -528,8 +540,10 @@ local function insert_row(i)
   if par ~= '' then
     -- A child: its parent lists it and counts it live (see child_settled).
     redis.call('RPUSH', P .. ':kids:' .. opt(par), id)
+    if pw ~= '' then redis.call('HSET', jk, 'pw', opt(pw)) end
     if redis.call('EXISTS', jobkey(opt(par))) == 1 then
       redis.call('HINCRBY', jobkey(opt(par)), 'kp', 1)
+      if pw ~= '' then redis.call('HINCRBY', jobkey(opt(par)), 'kw:' .. opt(pw), 1) end
     end
   end
   count(q, st, 1)
@@ -966,7 +980,7 @@ while i <= #ARGV do
           log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
           redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
             'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
-          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc')
+          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc', 'cw')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           leased[#leased + 1] = fmt(le)
           leased[#leased + 1] = id
@@ -1113,7 +1127,9 @@ return out
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
 -- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none);
--- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none).
+-- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none);
+-- ARGV[A + 19]: wait_children ('1': suspended on its children), ARGV[A + 20]:
+-- the wait it is suspended on (NackOptions.children_wait; '' for none: all).
 local STATES = {ready = true, delayed = true, suspended = true, dead = true, failed = true}
 fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_whole(ARGV[A + 2], 'the claim'),
@@ -1127,7 +1143,8 @@ fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
   need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
   need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
-  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'))
+  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'),
+  need_opt(ARGV[A + 20] or '', 'children_wait'))
 if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
@@ -1181,11 +1198,21 @@ if busy and st == 'ready' then
   end
 end
 if ARGV[A + 19] == '1' then
-  -- Suspended on its children: due at once when none is live as it lands.
+  -- Suspended on its children (of one wait, or all): due at once when none
+  -- is live as it lands.
   redis.call('HSET', jk, 'wc', 1)
-  if (tonumber(redis.call('HGET', jk, 'kp')) or 0) <= 0 then run_at = NOW end
+  local cw = opt(ARGV[A + 20])
+  local live
+  if cw then
+    redis.call('HSET', jk, 'cw', cw)
+    live = redis.call('HGET', jk, 'kw:' .. cw)
+  else
+    redis.call('HDEL', jk, 'cw')
+    live = redis.call('HGET', jk, 'kp')
+  end
+  if (tonumber(live) or 0) <= 0 then run_at = NOW end
 else
-  redis.call('HDEL', jk, 'wc')
+  redis.call('HDEL', jk, 'wc', 'cw')
 end
 redis.call('HSET', jk, 'run', fmt(run_at))
 if we ~= '' then
