@@ -207,8 +207,10 @@ def _step_record(name: str, seq: int, data: Mapping[str, Any]) -> StepRecord:
     )
 
 
-def _claimed(r: list[Any]) -> ClaimedJob:
-    """One row of the claim script's JSON reply (see its ``taken``)."""
+def _claimed(r: list[Any], fence: Fence) -> ClaimedJob:
+    """One row of the claim script's JSON reply (see its ``taken``): numbers
+    arrive as JSON numbers; ``fence`` is the row's (built by the caller, which
+    knows the worker)."""
     return ClaimedJob(
         id=r[0],
         run_id=r[1],
@@ -218,16 +220,16 @@ def _claimed(r: list[Any]) -> ClaimedJob:
         tenant_id=r[5],
         idempotency_key=r[6],
         concurrency_key=r[7],
-        attempt=int(r[8]),
-        max_attempts=int(r[9]),
-        fence=Fence(r[10], int(r[11])),
-        created_at=float(r[12]),
-        run_at=float(r[13]),
-        lease_expires_at=float(r[14]),
+        attempt=r[8],
+        max_attempts=r[9],
+        fence=fence,
+        created_at=r[12],
+        run_at=r[13],
+        lease_expires_at=r[14],
         actor=r[15],
         trace_context=r[16],
-        promoted=r[17] == "1",
-        lapsed=r[18] == "1",
+        promoted=r[17] == 1,
+        lapsed=r[18] == 1,
         steps=[
             _step_record(name, int(seq), data)
             for name, seq, data in sorted(r[19], key=lambda s: int(s[1]))
@@ -608,7 +610,8 @@ class RedisDriver:
         for queue, take in options.queues.items():
             args.extend([queue, str(int(take))])
         taken, buried, next_due = await self._script("claim", args)
-        jobs = [_claimed(r) for r in orjson.loads(_s(taken))]
+        worker = options.worker_id
+        jobs = [_claimed(r, Fence(worker, r[11])) for r in orjson.loads(taken)]
         exhausted = [
             Exhausted(
                 id=_s(b[0]),

@@ -938,6 +938,11 @@ end
 local taken = {}
 local leased = {}
 local open_queues = {}
+-- What every row of this call shares, formatted once.
+local nowf = fmt(NOW)
+local le = NOW + vis
+local lef = fmt(le)
+local jworker = jstr(worker)
 while i <= #ARGV do
   local q = ARGV[i]
   local want = tonumber(ARGV[i + 1])
@@ -955,6 +960,7 @@ while i <= #ARGV do
       end
     end
     local rk = P .. ':ready:' .. q
+    local jq = jstr(q)
     local moved = {}
     while want > 0 do
       local got = redis.call('ZRANGE', rk, 0, want - 1)
@@ -971,18 +977,25 @@ while i <= #ARGV do
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
-          local claim = last_claim - #got + k
-          local le = NOW + vis
+          local claim = string.format('%d', last_claim - #got + k)
           moved[f[1]] = (moved[f[1]] or 0) + 1
-          local log = {}
-          if f[7] then log = cjson.decode(f[7]) end
-          while #log >= MAX_LOG do table.remove(log, 1) end
-          log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
+          -- The attempt log gains this claim's open entry (log_begin, inline;
+          -- a row's first claim writes the text without decoding anything).
+          local al
+          if f[7] then
+            local log = cjson.decode(f[7])
+            while #log >= MAX_LOG do table.remove(log, 1) end
+            log[#log + 1] = {attempt = att, worker_id = worker, started_at = nowf}
+            al = cjson.encode(log)
+          else
+            al = '[{"attempt":' .. att .. ',"worker_id":' .. jworker .. ',"started_at":"' ..
+              nowf .. '"}]'
+          end
           redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
-            'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
+            'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'al', al)
           redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc', 'cw')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
-          leased[#leased + 1] = fmt(le)
+          leased[#leased + 1] = lef
           leased[#leased + 1] = id
           -- The row as JSON, its stored JSON (payload, actor, trace context,
           -- step records) embedded as is: the driver parses the reply once.
@@ -992,10 +1005,11 @@ while i <= #ARGV do
             local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
             steps[#steps + 1] = '[' .. cjson.encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
           end
-          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jstr(q),
-            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), tostring(att), jstr(f[14]),
-            jstr(worker), jstr(tostring(claim)), jstr(f[15]), jstr(f[16]), jstr(fmt(le)),
-            f[17] or 'null', f[18] or 'null', jstr(f[5] or '0'), jstr(f[6] or '0'),
+          -- Numbers as JSON numbers: att, max, claim, and the times ('%.6f').
+          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jq,
+            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), att, f[14],
+            jworker, claim, f[15], f[16], lef,
+            f[17] or 'null', f[18] or 'null', f[5] == '1' and '1' or '0', f[6] == '1' and '1' or '0',
             '[' .. table.concat(steps, ',') .. ']'}, ',') .. ']'
         end
       end
@@ -1057,6 +1071,11 @@ local gone = {}      -- rows out of the running set
 local ended = {}     -- queue -> {score, id, ...} for its done set
 local settled = {}   -- queue -> rows that left running
 local counted = {}   -- job name -> {settles, summed duration or nil, queue}
+-- What every settle of this call shares, formatted once.
+local nowf = fmt(NOW)
+local kept = fmt(NOW + DONE_TTL)
+local ttl = math.ceil(DONE_TTL)
+local closing = ',"ended_at":"' .. nowf .. '","outcome":"done"}]'
 for r = 0, n - 1 do
   local a = acks[r + 1]
   local id, worker, claim = a[1], a[2], a[3]
@@ -1068,17 +1087,16 @@ for r = 0, n - 1 do
   else
     local q, name = f[5], f[6]
     gone[#gone + 1] = id
-    -- The attempt log's open entry closes done (log_end, inline).
-    local fields = {'st', 'done', 'sc', claim, 'upd', fmt(NOW)}
-    if f[9] then
-      local log = cjson.decode(f[9])
-      local last = log[#log]
-      if last and not last.ended_at then
-        last.ended_at = fmt(NOW)
-        last.outcome = 'done'
-        fields[#fields + 1] = 'al'
-        fields[#fields + 1] = cjson.encode(log)
-      end
+    -- The attempt log's open entry closes done (log_end, inline). The fence
+    -- held, so the log's last entry is this claim's, open (the claim opened
+    -- it; only a settle, a lapse or a cancel closes one, and each ends the
+    -- claim): its text gains the two fields, nothing decoded. (cjson writes an
+    -- array of objects with no spaces: the text ends '}]'.)
+    local fields = {'st', 'done', 'sc', claim, 'upd', nowf}
+    local al = f[9]
+    if al and string.sub(al, -2) == '}]' then
+      fields[#fields + 1] = 'al'
+      fields[#fields + 1] = string.sub(al, 1, -3) .. closing
     end
     if res ~= '' then
       fields[#fields + 1] = 'rs'
@@ -1103,12 +1121,12 @@ for r = 0, n - 1 do
     if f[10] then release_leases(id) end
     -- terminal(), with the sets written once per queue below.
     local e = ended[q] or {}
-    e[#e + 1] = fmt(NOW + DONE_TTL)
+    e[#e + 1] = kept
     e[#e + 1] = id
     ended[q] = e
     settled[q] = (settled[q] or 0) + 1
-    redis.call('EXPIRE', jk, math.ceil(DONE_TTL))
-    redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(DONE_TTL))
+    redis.call('EXPIRE', jk, ttl)
+    redis.call('EXPIRE', P .. ':steps:' .. id, ttl)
     local c = counted[name] or {0, nil, q}
     c[1] = c[1] + 1
     if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
