@@ -39,12 +39,15 @@ class _Pending:
     """One queued write: the waiting task is rescheduled with its answer (no
     Event per write: a hot path, one per ack and per step)."""
 
-    __slots__ = ("gone", "item", "key", "taken", "task")
+    __slots__ = ("combiner", "gone", "item", "key", "taken", "task")
 
-    def __init__(self, key: Hashable, item: Any, task: trio.lowlevel.Task) -> None:
+    def __init__(
+        self, key: Hashable, item: Any, task: trio.lowlevel.Task, combiner: Combiner
+    ) -> None:
         self.key = key
         self.item = item
         self.task = task
+        self.combiner = combiner
         #: In a call under way: the call may land it.
         self.taken = False
         #: Answered, or its waiter was cancelled: nobody is to be rescheduled.
@@ -54,6 +57,15 @@ class _Pending:
         if not self.gone:
             self.gone = True
             trio.lowlevel.reschedule(self.task, result)
+
+    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        """The waiter was cancelled: out of the queue unless its call took it (a
+        bound method, not a closure: one object a write, not three)."""
+        self.gone = True
+        pending = self.combiner._pending
+        if not self.taken and self in pending:
+            pending.remove(self)
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class Combiner:
@@ -91,17 +103,10 @@ class Combiner:
         """Queue ``item`` (a write of row ``key``) and wait for its call: whether
         it landed. Raises the call's error when the call failed."""
         self._check()
-        entry = _Pending(key, item, trio.lowlevel.current_task())
+        entry = _Pending(key, item, trio.lowlevel.current_task(), self)
         self._pending.append(entry)
         self._kick.set()
-
-        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
-            entry.gone = True
-            if not entry.taken and entry in self._pending:
-                self._pending.remove(entry)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        landed: bool = await trio.lowlevel.wait_task_rescheduled(abort)
+        landed: bool = await trio.lowlevel.wait_task_rescheduled(entry.abort)
         return landed
 
     def fail_pending(self, error: BaseException) -> None:

@@ -634,15 +634,16 @@ class RedisDriver:
 
     # ------------------------------------------------------------------ settle
 
-    def _settle_again(self, job_id: str, fence: Fence) -> tuple[tuple[str, int], str]:
-        """The key a settle of ``fence`` is remembered under, and the script's
-        ``again`` flag: ``'1'`` when the last settle of that claim raised (its
-        reply may have been lost after the script ran), so this one is a retry."""
-        key = (job_id, int(fence.claim))
-        return key, "1" if self._unsure.pop(key, False) else ""
+    def _settle_again(self, job_id: str, fence: Fence) -> str:
+        """The script's ``again`` flag for a settle of ``fence``: ``'1'`` when the
+        last settle of that claim raised (its reply may have been lost after the
+        script ran), so this one is a retry."""
+        if not self._unsure:  # the common case: nothing raised lately
+            return ""
+        return "1" if self._unsure.pop((job_id, int(fence.claim)), False) else ""
 
-    def _mark_unsure(self, key: tuple[str, int]) -> None:
-        self._unsure[key] = True
+    def _mark_unsure(self, job_id: str, fence: Fence) -> None:
+        self._unsure[(job_id, int(fence.claim))] = True
         if len(self._unsure) > UNSURE_KEPT:
             del self._unsure[next(iter(self._unsure))]
 
@@ -654,11 +655,11 @@ class RedisDriver:
         claim), moving nothing twice; after a clean answer a second settle is
         still refused."""
         _check_duration(options.duration)
-        key, again = self._settle_again(job_id, options.fence)
+        again = self._settle_again(job_id, options.fence)
         try:
             return await self._acker.submit(job_id, (job_id, options, again))
         except BaseException:
-            self._mark_unsure(key)
+            self._mark_unsure(job_id, options.fence)
             raise
 
     async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> set[int]:
@@ -687,11 +688,11 @@ class RedisDriver:
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         """The fenced hand-back; a retry recognises its landed hand-back as
         :meth:`ack` does."""
-        key, again = self._settle_again(job_id, options.fence)
+        again = self._settle_again(job_id, options.fence)
         try:
             return await self._nack(job_id, options, again)
         except BaseException:
-            self._mark_unsure(key)
+            self._mark_unsure(job_id, options.fence)
             raise
 
     async def _nack(self, job_id: str, options: NackOptions, again: str) -> bool:
