@@ -1047,6 +1047,9 @@ class Worker:
             ack = AckOptions(
                 fence=claimed.fence, result=output, duration=now - started, progress=state.progress
             )
+            # What only the body needed dies now, not after the ack's round trip
+            # (fewer objects alive across the wait: less for the collector).
+            del ctx, tokens, value, result
             try:
                 # (a partial, not a lambda: no Python frame on the ack's wake)
                 landed = await self._settle_write(
