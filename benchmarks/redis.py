@@ -1,6 +1,7 @@
 """Redis benchmarks: trio-jobs' Redis driver beside arq, in the same run.
 
     python -m benchmarks redis [--url URL] [--runs 3] [--jobs 10000] [--only PART ...]
+    python -m benchmarks redis --profile [--runs 3] [--jobs 10000]
 
 One invocation, one Redis server (``--url``, else ``$REDIS_URL``, else
 ``redis://127.0.0.1:6379/0``); the runs of the two systems are interleaved round
@@ -28,6 +29,14 @@ Parts (``--only``):
     before the enqueue call to the body's start. trio-jobs at its defaults (the
     pub/sub wake, proven by its probe); arq at its defaults (it polls every
     ``poll_delay``, 0.5 s) and at ``poll_delay`` 0.01 s.
+
+``--profile`` (instead of the parts)
+    Where a no-op job's CPU goes, with no peer: ``--runs`` rounds of the Redis
+    driver (concurrency 1024) and the memory driver, alternated, each printing
+    the worker's CPU per job, the Redis server's (``INFO cpu``, over the timed
+    window), and the worker's garbage collection (``gc.callbacks``) per job and
+    per generation; then one Redis run under cProfile (the top 25 functions by
+    own time).
 
 arq is installed by this script only, into a venv under ``benchmarks/.work/``:
 never a dependency of trio-jobs.
@@ -297,6 +306,100 @@ def _p(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def _server_cpu(url: str) -> float:
+    import coredis
+
+    client: coredis.Redis[str] = coredis.Redis.from_url(url, decode_responses=True)
+    async with client:
+        info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])  # type: ignore[arg-type]
+
+
+async def _profile_once(url: str, n: int, driver_name: str, profile: bool) -> dict[str, Any]:
+    """One timed no-op run (concurrency 1024) on ``driver_name`` ('redis' or
+    'memory'): CPU per job of the worker and of the Redis server, and the
+    worker's garbage collection; under cProfile when ``profile``."""
+    import cProfile
+    import gc
+    import pstats
+
+    from trio_jobs import memory_driver
+
+    from .postgres import _Settles
+
+    gc_time = [0.0, 0.0, 0.0]
+    gc_count = [0, 0, 0]
+    began = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.process_time()
+        else:
+            gc_time[info["generation"]] += time.process_time() - began[0]
+            gc_count[info["generation"]] += 1
+
+    prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
+    out: dict[str, Any] = {}
+    driver: Any = redis_driver(url, prefix=prefix) if driver_name == "redis" else memory_driver()
+    try:
+        async with open_jobs(driver, jobs=[redis_noop]) as jobs:
+            for start in range(0, n, 10_000):
+                await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
+            settles = _Settles(driver, n)
+            worker = Worker(jobs, concurrency=1024)
+            profiler = cProfile.Profile() if profile else None
+            async with trio.open_nursery() as nursery:
+                server0 = await _server_cpu(url)
+                gc.callbacks.append(on_gc)
+                if profiler is not None:
+                    profiler.enable()
+                cpu0 = time.process_time()
+                started = time.perf_counter()
+                await nursery.start(worker.run)
+                with trio.fail_after(600):
+                    await settles.done.wait()
+                elapsed = settles.finished_at - started
+                cpu = time.process_time() - cpu0
+                if profiler is not None:
+                    profiler.disable()
+                gc.callbacks.remove(on_gc)
+                server = await _server_cpu(url) - server0
+                await worker.drain()
+        out = {
+            "rate": n / elapsed,
+            "worker": cpu / n * 1e6,
+            "server": server / n * 1e6,
+            "gc": sum(gc_time) / n * 1e6,
+            "gc_gens": [round(t * 1e3) for t in gc_time],
+            "gc_counts": gc_count,
+        }
+        if profiler is not None:
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    finally:
+        if driver_name == "redis":
+            await _delete_prefix(url, f"{prefix}:*")
+    return out
+
+
+def _profile(url: str, runs: int, n: int) -> None:
+    print(
+        "| run | driver | jobs/s | worker CPU µs/job | of it GC µs/job (ms gen 0/1/2; collections) | Redis server CPU µs/job |"
+    )
+    print("|---|---|---:|---:|---|---:|")
+    for run in range(runs):
+        for name in ("redis", "memory"):
+            got = trio.run(_profile_once, url, n, name, False)
+            print(
+                f"| {run + 1} | {name} | {got['rate']:,.0f} | {got['worker']:.0f} | "
+                f"{got['gc']:.0f} ({'/'.join(map(str, got['gc_gens']))}; "
+                f"{'/'.join(map(str, got['gc_counts']))}) | {got['server']:.0f} |",
+                flush=True,
+            )
+    print()
+    print("cProfile of one Redis run:")
+    trio.run(_profile_once, url, n, "redis", True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks redis", description=__doc__)
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", DEFAULT_URL))
@@ -309,7 +412,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the PostgreSQL server the PostgreSQL driver's same-run figure uses "
         "(default $DATABASE_URL; '' leaves it out)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="where a no-op job's CPU goes (worker, Redis server, GC; then cProfile), no peers",
+    )
     args = parser.parse_args(argv)
+    if args.profile:
+        print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
+        _profile(args.url, args.runs, args.jobs)
+        return 0
     parts = args.only or list(PARTS)
     arq = Arq()
     arq.install()

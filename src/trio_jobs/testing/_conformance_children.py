@@ -2,7 +2,7 @@
 the driver seam: ``EnqueueRequest.parent_id`` / ``.parent_wait``, a
 ``suspended`` hand-back with ``wait_children``, ``steps.children`` and the
 cancel cascade. Part of the suite on every driver that runs child jobs (memory,
-PostgreSQL).
+PostgreSQL, Redis).
 """
 
 from __future__ import annotations

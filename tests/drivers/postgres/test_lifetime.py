@@ -19,7 +19,7 @@ pytestmark = pytest.mark.postgres
 
 async def test_service_tasks_are_descendants_of_open_jobs(pg_dsn: str, pg_schema: str) -> None:
     driver = postgres_driver(pg_dsn, schema=pg_schema)
-    await services_live_under_open_jobs(driver, "postgres", inner="_GroupCommit.run")
+    await services_live_under_open_jobs(driver, "postgres", inner="Combiner.run")
 
 
 async def test_open_outside_open_jobs_falls_back_to_a_system_task(

@@ -6,13 +6,17 @@ wait here is bounded well under it)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import trio
 
 from trio_jobs import ErrorCode, JobContext, Retry, Worker, job, open_jobs, redis_driver
+from trio_jobs.testing._harness import HarnessClock
 
 from .conftest import pytestmark as _skip_without_redis
 
@@ -136,3 +140,90 @@ async def test_children_of_no_ids_reads_nothing(redis_url: str, redis_prefix: st
         assert await jobs.driver.steps.children([]) == []
         gone = await jobs.driver.steps.children(["00000000-0000-4000-8000-00000000000" + str(n)])
         assert (gone[0].state, gone[0].error_code) == ("cancelled", ErrorCode.X_ABORTED)
+
+
+# --------------------------------------------------------------------------- crash_proof
+
+
+_NEXT_WAKE = """
+local P = ARGV[1]
+local best = nil
+local ready = false
+local function top(k)
+  local t = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if #t > 0 and (not best or tonumber(t[2]) < best) then best = tonumber(t[2]) end
+end
+top(P .. ':running')
+for _, q in ipairs(redis.call('SMEMBERS', P .. ':queues')) do
+  top(P .. ':sched:' .. q)
+  if redis.call('ZCARD', P .. ':ready:' .. q) > 0 then ready = true end
+end
+if ready then return 'ready' end
+if best then return string.format('%.6f', best) end
+return ''
+"""
+
+
+class RedisGround:
+    """crash_proof's runs on the Redis server: each run under a key prefix of
+    its own (below the test's, deleted with it), on a frozen clock of its own
+    sent with every script call."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.runs = 0
+
+    @contextlib.asynccontextmanager
+    async def world(self, handles: list[Any]) -> AsyncIterator[tuple[Any, Any, HarnessClock]]:
+        self.runs += 1
+        clock = HarnessClock()
+        driver = redis_driver(self.url, prefix=f"{self.prefix}:{self.runs}", clock=clock)
+        async with open_jobs(driver, jobs=handles) as facade:
+            yield facade, driver, clock
+
+    async def next_wake(self, driver: Any) -> float | None:
+        """The first lease to end or delayed row to fall due; now, when a row is
+        ready; None when no row is live."""
+        got = await driver.client.eval(_NEXT_WAKE, args=[driver.prefix])
+        if got == "ready":
+            return float(driver.now())
+        return float(got) if got else None
+
+    async def started_step(self, driver: Any) -> bool:
+        async for key in driver.client.scan_iter(match=f"{driver.prefix}:steps:*"):
+            for value in (await driver.client.hgetall(key)).values():
+                if orjson.loads(value.partition("\n")[2])["status"] == "started":
+                    return True
+        return False
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="rcp.kid", retry=Retry(attempts=5))
+async def cp_kid(ctx: JobContext[int]) -> int:
+    return ctx.input * ctx.input
+
+
+@job(input=int, idempotency_key=lambda n: str(n), name="rcp.parent", retry=Retry(attempts=5))
+async def cp_parent(ctx: JobContext[int]) -> int:
+    one = await ctx.step.invoke("one", cp_kid, ctx.input)
+    many = await ctx.step.gather("many", [(cp_kid, i) for i in range(3)])
+    return int(one + sum(many))
+
+
+async def test_crash_proof_walks_the_child_boundaries_on_redis(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Killed before a child's enqueue, after it, before the parent resumes and
+    after its record, on the Redis server: every run ends as the clean one
+    (state, result, every step's stored output)."""
+    from trio_jobs.testing._crash import _crash_proof
+
+    ground = RedisGround(redis_url, redis_prefix)
+    report = await _crash_proof(
+        cp_parent, 3, observe=None, reset=None, jobs=[cp_kid], ground=ground
+    )
+    for step in ("one", "many"):
+        for boundary in ("before-step", "after-enqueue", "before-resume", "after-record"):
+            assert f"{boundary}:{step}" in report.points, (boundary, step, report.points)
+    assert report.reference[0] == 14
+    assert ground.runs == report.boundaries + 1  # the clean run, then one per boundary

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trio_jobs.drivers.redis import redis_driver
+from trio_jobs.testing._conformance_children import ChildrenConformance
 from trio_jobs.testing._conformance_debounce import DebounceConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
@@ -25,7 +26,11 @@ pytestmark = _skip_without_redis
 
 
 class TestRedisConformance(
-    DriverConformance, DebounceConformance, RefusalConformance, TaskStoreConformance
+    DriverConformance,
+    ChildrenConformance,
+    DebounceConformance,
+    RefusalConformance,
+    TaskStoreConformance,
 ):
     @pytest.fixture
     async def target(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Target]:

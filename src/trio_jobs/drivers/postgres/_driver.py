@@ -25,7 +25,6 @@ from operator import attrgetter, is_
 from typing import Any
 
 import attrs
-import outcome
 import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -34,6 +33,7 @@ from ..._serialization import dumps
 from ..._time import Clock, SystemClock
 from ...errors import ErrorCode, JobsError
 from .._attempt_log import attempt_records
+from .._combine import Combiner
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
     CANCELLED_LINE,
@@ -331,8 +331,8 @@ class PostgresDriver:
         self.channel = _channel(self.schema)
         self._notified: dict[str, float] = {}
         self._service = ServiceTasks("postgres", logger)
-        self._step_writer = _GroupCommit(self, self._flush_steps, linger=step_linger)
-        self._acker = _GroupCommit(self, self._flush_acks)
+        self._step_writer = self._combiner(self._flush_steps, linger=step_linger)
+        self._acker = self._combiner(self._flush_acks)
         self._registry = _Registry()
         # Settles whose call raised (the statement may have committed, its answer
         # lost): the next settle of the same claim is a retry (see ack).
@@ -482,6 +482,20 @@ class PostgresDriver:
         rows = await self.db.fetch(query("now"), {"now": None})
         after = self._system.now()
         self._skew = float(rows[0][0]) - (before + after) / 2
+
+    def _combiner(
+        self, flush: Callable[[builtins.list[Any]], Awaitable[set[int]]], *, linger: float = 0.0
+    ) -> Combiner:
+        """A write combiner (``drivers/_combine.py``): many tasks' writes, one
+        statement per batch; the rows still queued at close are answered by
+        :meth:`close`."""
+        return Combiner(
+            flush,
+            lambda: self.db,
+            lambda: unavailable(None, "PostgreSQL (the driver closed mid-write)"),
+            linger=linger,
+            batch=STEP_BATCH,
+        )
 
     async def _start_service(self, nursery: trio.Nursery | None) -> None:
         """Run the driver's own tasks (the step writer, the acker, the LISTEN
@@ -1135,118 +1149,6 @@ class _PgAcks:
 
     async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
         return await self._d._ack_many(acks)
-
-
-class _Pending:
-    """One queued write: the waiting task is rescheduled with its answer (no
-    Event per write: a hot path, one per ack and per step)."""
-
-    __slots__ = ("gone", "item", "key", "taken", "task")
-
-    def __init__(self, key: tuple[str, str], item: Any, task: trio.lowlevel.Task) -> None:
-        self.key = key
-        self.item = item
-        self.task = task
-        #: In a flush under way: the statement may land it.
-        self.taken = False
-        #: Its waiter was cancelled: nobody is to be rescheduled.
-        self.gone = False
-
-    def answer(self, result: outcome.Outcome[bool]) -> None:
-        if not self.gone:
-            self.gone = True
-            trio.lowlevel.reschedule(self.task, result)
-
-
-class _GroupCommit:
-    """A write combiner: many tasks' writes, one statement per batch.
-
-    :meth:`submit` queues an item and waits; one flusher task (in the driver's
-    service nursery) writes everything queued in one statement, then wakes each
-    waiter with whether its write landed. A caller returns only after its row
-    is committed, so durability is unchanged; the commit is shared. Batches form
-    by themselves under load (items queue while a flush is in flight), with no
-    added latency when idle; ``linger`` adds a wait before each flush to grow
-    them further. Two items with one ``key`` never share a statement (a row may
-    be written once per statement): the later waits for the next flush, so the
-    order of writes to one row is kept."""
-
-    def __init__(
-        self,
-        driver: PostgresDriver,
-        flush: Callable[[builtins.list[Any]], Awaitable[set[int]]],
-        *,
-        linger: float = 0.0,
-        batch: int = STEP_BATCH,
-    ) -> None:
-        self._d = driver
-        self._flush_fn = flush
-        self._linger = linger
-        self._batch = batch
-        self._pending: builtins.list[_Pending] = []
-        self._kick = trio.Event()
-        self.flushes = 0
-
-    async def submit(self, key: tuple[str, str], item: Any) -> bool:
-        self._d.db  # noqa: B018 — a closed driver refuses at once
-        entry = _Pending(key, item, trio.lowlevel.current_task())
-        self._pending.append(entry)
-        self._kick.set()
-
-        def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
-            entry.gone = True
-            if not entry.taken and entry in self._pending:
-                self._pending.remove(entry)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        landed: bool = await trio.lowlevel.wait_task_rescheduled(abort)
-        return landed
-
-    def fail_pending(self, error: BaseException) -> None:
-        for entry in self._pending:
-            entry.answer(outcome.Error(error))
-        self._pending.clear()
-
-    def _take(self) -> builtins.list[_Pending]:
-        batch: builtins.list[_Pending] = []
-        seen: set[tuple[str, str]] = set()
-        rest: builtins.list[_Pending] = []
-        for entry in self._pending:
-            if entry.key in seen or len(batch) >= self._batch:
-                rest.append(entry)
-                continue
-            seen.add(entry.key)
-            entry.taken = True
-            batch.append(entry)
-        self._pending = rest
-        return batch
-
-    async def run(self) -> None:
-        while True:
-            await self._kick.wait()
-            self._kick = trio.Event()
-            if self._linger > 0:
-                await trio.sleep(self._linger)
-            while self._pending:
-                batch = self._take()
-                self.flushes += 1
-                try:
-                    landed = await self._flush_fn([entry.item for entry in batch])
-                except Exception as exc:  # each waiter gets the failure
-                    for entry in batch:
-                        entry.answer(outcome.Error(exc))
-                    continue
-                except BaseException:
-                    # Cancelled mid-flush (the driver is closing): the statement
-                    # may have landed; each waiter hears so, none waits forever.
-                    closed = unavailable(None, "PostgreSQL (the driver closed mid-write)")
-                    for entry in batch:
-                        entry.answer(outcome.Error(closed))
-                    raise
-                for i, entry in enumerate(batch, start=1):
-                    entry.answer(outcome.Value(i in landed))
-
-
 def _step_record(r: Sequence[Any]) -> StepRecord:
     return StepRecord(
         name=r[0],

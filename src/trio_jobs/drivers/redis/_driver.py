@@ -5,7 +5,7 @@ Same semantics as the memory driver (the reference). Every change that touches
 more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
 ``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
 reap included), the acks of every slot one fenced call a batch (the settle
-combiner, ``_combine.py``) that also moves the counters and frees the rows' keys
+combiner, ``drivers/_combine.py``) that also moves the counters and frees the rows' keys
 and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
 held row. The operator surface is ``_introspect.py`` (``lua/operate.lua``). Due times and leases are decided with the server's clock (``TIME`` inside
 the scripts); a test may pass a ``clock`` whose now is sent with every call
@@ -33,6 +33,7 @@ from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from ...logging import emit
 from .._attempt_log import attempt_records
+from .._combine import Combiner
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -64,7 +65,6 @@ from .._service import ServiceTasks
 from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
-from ._combine import Combiner
 from ._introspect import RedisIntrospection
 from ._tasks import RedisTasks
 from ._wake import RedisWake
@@ -184,30 +184,34 @@ def _steps_from(flat: Sequence[Any]) -> list[StepRecord]:
     records = []
     for name, value in _pairs(flat).items():
         seq, _, body = value.partition("\n")
-        data = loads(body)
-        records.append(
-            StepRecord(
-                name=name,
-                status=data["status"],
-                seq=int(seq),
-                executions=int(data.get("executions") or 0),
-                output=data.get("output"),
-                error=data.get("error"),
-                error_code=data.get("error_code"),
-                wake_at=data.get("wake_at"),
-                event=data.get("event"),
-                since=data.get("since"),
-                deadline=data.get("deadline"),
-                started_at=data.get("started_at"),
-                ended_at=data.get("ended_at"),
-            )
-        )
+        records.append(_step_record(name, int(seq), loads(body)))
     records.sort(key=lambda r: r.seq)
     return records
 
 
-def _claimed(r: list[Any]) -> ClaimedJob:
-    """One row of the claim script's JSON reply (see its ``taken``)."""
+def _step_record(name: str, seq: int, data: Mapping[str, Any]) -> StepRecord:
+    """One step record from its stored JSON body (see :func:`_step_body`)."""
+    return StepRecord(
+        name=name,
+        status=data["status"],
+        seq=seq,
+        executions=int(data.get("executions") or 0),
+        output=data.get("output"),
+        error=data.get("error"),
+        error_code=data.get("error_code"),
+        wake_at=data.get("wake_at"),
+        event=data.get("event"),
+        since=data.get("since"),
+        deadline=data.get("deadline"),
+        started_at=data.get("started_at"),
+        ended_at=data.get("ended_at"),
+    )
+
+
+def _claimed(r: list[Any], fence: Fence) -> ClaimedJob:
+    """One row of the claim script's JSON reply (see its ``taken``): numbers
+    arrive as JSON numbers; ``fence`` is the row's (built by the caller, which
+    knows the worker)."""
     return ClaimedJob(
         id=r[0],
         run_id=r[1],
@@ -217,34 +221,22 @@ def _claimed(r: list[Any]) -> ClaimedJob:
         tenant_id=r[5],
         idempotency_key=r[6],
         concurrency_key=r[7],
-        attempt=int(r[8]),
-        max_attempts=int(r[9]),
-        fence=Fence(r[10], int(r[11])),
-        created_at=float(r[12]),
-        run_at=float(r[13]),
-        lease_expires_at=float(r[14]),
+        attempt=r[8],
+        max_attempts=r[9],
+        fence=fence,
+        created_at=r[12],
+        run_at=r[13],
+        lease_expires_at=r[14],
         actor=r[15],
         trace_context=r[16],
-        promoted=r[17] == "1",
-        lapsed=r[18] == "1",
+        promoted=r[17] == 1,
+        lapsed=r[18] == 1,
         steps=[
-            StepRecord(
-                name=name,
-                status=data["status"],
-                seq=int(seq),
-                executions=int(data.get("executions") or 0),
-                output=data.get("output"),
-                error=data.get("error"),
-                error_code=data.get("error_code"),
-                wake_at=data.get("wake_at"),
-                event=data.get("event"),
-                since=data.get("since"),
-                deadline=data.get("deadline"),
-                started_at=data.get("started_at"),
-                ended_at=data.get("ended_at"),
-            )
+            _step_record(name, int(seq), data)
             for name, seq, data in sorted(r[19], key=lambda s: int(s[1]))
-        ],
+        ]
+        if r[19]
+        else [],
     )
 
 
@@ -277,7 +269,7 @@ def _check_duration(duration: float | None) -> None:
 
 
 def _request_row(r: EnqueueRequest) -> list[str]:
-    """One request as the 19 script arguments ``insert_row`` reads."""
+    """One request as the 20 script arguments ``insert_row`` reads."""
     return [
         r.id,
         r.run_id,
@@ -298,6 +290,7 @@ def _request_row(r: EnqueueRequest) -> list[str]:
         _opt(r.parent_id),
         _num(r.debounce),
         _num(r.unique_for),
+        _opt(r.parent_wait),
     ]
 
 
@@ -361,6 +354,7 @@ class RedisDriver:
             self._flush_acks,
             lambda: self.client,
             lambda: unavailable("the driver closed with the settle in flight"),
+            exit_error=lambda: unavailable("the driver closed with the settle in flight"),
         )
         # Settles whose call raised (the script may have run, its reply lost):
         # the next settle of the same claim is a retry (see ack).
@@ -619,7 +613,8 @@ class RedisDriver:
         for queue, take in options.queues.items():
             args.extend([queue, str(int(take))])
         taken, buried, next_due = await self._script("claim", args)
-        jobs = [_claimed(r) for r in orjson.loads(_s(taken))]
+        worker = options.worker_id
+        jobs = [_claimed(r, Fence(worker, r[11])) for r in orjson.loads(taken)]
         exhausted = [
             Exhausted(
                 id=_s(b[0]),
@@ -642,34 +637,35 @@ class RedisDriver:
 
     # ------------------------------------------------------------------ settle
 
-    def _settle_again(self, job_id: str, fence: Fence) -> tuple[tuple[str, int], str]:
-        """The key a settle of ``fence`` is remembered under, and the script's
-        ``again`` flag: ``'1'`` when the last settle of that claim raised (its
-        reply may have been lost after the script ran), so this one is a retry."""
-        key = (job_id, int(fence.claim))
-        return key, "1" if self._unsure.pop(key, False) else ""
+    def _settle_again(self, job_id: str, fence: Fence) -> str:
+        """The script's ``again`` flag for a settle of ``fence``: ``'1'`` when the
+        last settle of that claim raised (its reply may have been lost after the
+        script ran), so this one is a retry."""
+        if not self._unsure:  # the common case: nothing raised lately
+            return ""
+        return "1" if self._unsure.pop((job_id, int(fence.claim)), False) else ""
 
-    def _mark_unsure(self, key: tuple[str, int]) -> None:
-        self._unsure[key] = True
+    def _mark_unsure(self, job_id: str, fence: Fence) -> None:
+        self._unsure[(job_id, int(fence.claim))] = True
         if len(self._unsure) > UNSURE_KEPT:
             del self._unsure[next(iter(self._unsure))]
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         """The fenced completion. Concurrent acks from many slots share one
-        script call (the settle combiner, ``_combine.py``); each returns once
+        script call (the settle combiner, ``drivers/_combine.py``); each returns once
         its row is settled. A retry after a call that raised answers ``True``
         when this claim's settle already landed (the script keeps the settling
         claim), moving nothing twice; after a clean answer a second settle is
         still refused."""
         _check_duration(options.duration)
-        key, again = self._settle_again(job_id, options.fence)
+        again = self._settle_again(job_id, options.fence)
         try:
             return await self._acker.submit(job_id, (job_id, options, again))
         except BaseException:
-            self._mark_unsure(key)
+            self._mark_unsure(job_id, options.fence)
             raise
 
-    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> list[bool]:
+    async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> set[int]:
         settles = [
             (
                 job_id,
@@ -684,16 +680,22 @@ class RedisDriver:
         ]
         # One argument, however many settles: the client's cost is per argument.
         landed = await self._script("ack", [_json(settles)])
-        return [bool(int(x)) for x in landed]
+        if len(landed) != len(settles):
+            raise JobsError(
+                ErrorCode.X_INVARIANT,
+                f"the ack script answered {len(landed)} settles for {len(settles)} sent; "
+                "this is a bug in the Redis driver",
+            )
+        return {i for i, x in enumerate(landed, start=1) if int(x)}
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         """The fenced hand-back; a retry recognises its landed hand-back as
         :meth:`ack` does."""
-        key, again = self._settle_again(job_id, options.fence)
+        again = self._settle_again(job_id, options.fence)
         try:
             return await self._nack(job_id, options, again)
         except BaseException:
-            self._mark_unsure(key)
+            self._mark_unsure(job_id, options.fence)
             raise
 
     async def _nack(self, job_id: str, options: NackOptions, again: str) -> bool:
@@ -721,6 +723,7 @@ class RedisDriver:
                 options.error_code or "",
                 first_line(options.last_error) or "",
                 "1" if options.wait_children else "0",
+                _opt(options.children_wait),
             ],
         )
         if not int(landed[0]):

@@ -222,15 +222,26 @@ end
 
 -- A child (step.invoke/step.gather: its 'par') left the live states: its
 -- parent counts it down ('kp', once per child: 'cs'), and the last one makes
--- a parent suspended on its children ('wc') due at once.
+-- a parent suspended on its children ('wc') due at once. A child of a wait
+-- ('pw': its step's wait, EnqueueRequest.parent_wait) is also counted on that
+-- wait ('kw:<wait>'): the last of the wait a parent is suspended on ('cw')
+-- makes it due, however many children of earlier steps still run. (A child
+-- stored before waits were counted has no 'pw': the parent's total decides.)
 local function child_settled(jk, par)
   if not par then return end
   if redis.call('HSETNX', jk, 'cs', 1) == 0 then return end
   local pk = jobkey(par)
   if redis.call('EXISTS', pk) == 0 then return end
-  if redis.call('HINCRBY', pk, 'kp', -1) > 0 then return end
-  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q')
-  if f[1] == 'suspended' and f[2] == '1' and tonumber(f[3]) > NOW then
+  local left = redis.call('HINCRBY', pk, 'kp', -1)
+  local pw = redis.call('HGET', jk, 'pw')
+  if pw then
+    left = redis.call('HINCRBY', pk, 'kw:' .. pw, -1)
+    if left <= 0 then redis.call('HDEL', pk, 'kw:' .. pw) end
+  end
+  if left > 0 then return end
+  local f = redis.call('HMGET', pk, 'st', 'wc', 'run', 'q', 'cw')
+  if f[1] == 'suspended' and f[2] == '1' and (not f[5] or f[5] == pw)
+      and tonumber(f[3]) > NOW then
     redis.call('ZREM', P .. ':sched:' .. f[4], par)
     redis.call('HSET', pk, 'run', fmt(NOW), 'upd', fmt(NOW))
     index(pk, par, f[4])
@@ -456,8 +467,9 @@ end
 
 -- A row's arguments: id, run id, name, queue, payload, tenant, idempotency
 -- key, concurrency key, max attempts, priority, run_at, delay, actor, trace
--- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for.
-local ROW = 19
+-- context, live key, sensitive ('0'/'1'), parent id, debounce, unique_for,
+-- the parent's wait (a child of step.invoke/step.gather).
+local ROW = 20
 
 local function need_positive_opt(v, name)
   local bad = need_opt(v, name)
@@ -468,7 +480,7 @@ end
 -- What is wrong with the row at ARGV[i .. i + ROW - 1], or nil (insert_row's
 -- arguments; checked for every row before the first is written).
 local function row_fault(i, r)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf, pw = unpack(ARGV, i, i + ROW - 1)
   local bad = first(
     need(id, 'id'), need(rid, 'run_id'), need(name, 'name'), need(q, 'queue'),
     need(pl, 'payload'), need_opt(tn, 'tenant_id'), need(key, 'idempotency_key'),
@@ -478,7 +490,7 @@ local function row_fault(i, r)
     need_opt(ac, 'actor'), need_opt(tc, 'trace_context'), need(lf, 'the live key'),
     (sens ~= '0' and sens ~= '1') and "sensitive must be '0' or '1'" or nil,
     need_opt(par, 'parent_id'), need_positive_opt(deb, 'debounce'),
-    need_positive_opt(uf, 'unique_for'))
+    need_positive_opt(uf, 'unique_for'), need_opt(pw, 'parent_wait'))
   if bad then return 'row ' .. r .. ': ' .. bad end
   return nil
 end
@@ -497,7 +509,7 @@ end
 
 -- Store one new row from ARGV[i .. i + ROW - 1]. Answers its queue when it is due now.
 local function insert_row(i)
-  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf = unpack(ARGV, i, i + ROW - 1)
+  local id, rid, name, q, pl, tn, key, ck, mx, prio, run, delay, ac, tc, lf, sens, par, deb, uf, pw = unpack(ARGV, i, i + ROW - 1)
   local run_at
   if deb ~= '' then
     run_at = NOW + tonumber(opt(deb))
@@ -528,8 +540,10 @@ local function insert_row(i)
   if par ~= '' then
     -- A child: its parent lists it and counts it live (see child_settled).
     redis.call('RPUSH', P .. ':kids:' .. opt(par), id)
+    if pw ~= '' then redis.call('HSET', jk, 'pw', opt(pw)) end
     if redis.call('EXISTS', jobkey(opt(par))) == 1 then
       redis.call('HINCRBY', jobkey(opt(par)), 'kp', 1)
+      if pw ~= '' then redis.call('HINCRBY', jobkey(opt(par)), 'kw:' .. opt(pw), 1) end
     end
   end
   count(q, st, 1)
@@ -924,6 +938,11 @@ end
 local taken = {}
 local leased = {}
 local open_queues = {}
+-- What every row of this call shares, formatted once.
+local nowf = fmt(NOW)
+local le = NOW + vis
+local lef = fmt(le)
+local jworker = jstr(worker)
 while i <= #ARGV do
   local q = ARGV[i]
   local want = tonumber(ARGV[i + 1])
@@ -941,6 +960,7 @@ while i <= #ARGV do
       end
     end
     local rk = P .. ':ready:' .. q
+    local jq = jstr(q)
     local moved = {}
     while want > 0 do
       local got = redis.call('ZRANGE', rk, 0, want - 1)
@@ -957,18 +977,25 @@ while i <= #ARGV do
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
-          local claim = last_claim - #got + k
-          local le = NOW + vis
+          local claim = string.format('%d', last_claim - #got + k)
           moved[f[1]] = (moved[f[1]] or 0) + 1
-          local log = {}
-          if f[7] then log = cjson.decode(f[7]) end
-          while #log >= MAX_LOG do table.remove(log, 1) end
-          log[#log + 1] = {attempt = att, worker_id = worker, started_at = fmt(NOW)}
+          -- The attempt log gains this claim's open entry (log_begin, inline;
+          -- a row's first claim writes the text without decoding anything).
+          local al
+          if f[7] then
+            local log = cjson.decode(f[7])
+            while #log >= MAX_LOG do table.remove(log, 1) end
+            log[#log + 1] = {attempt = att, worker_id = worker, started_at = nowf}
+            al = cjson.encode(log)
+          else
+            al = '[{"attempt":' .. att .. ',"worker_id":' .. jworker .. ',"started_at":"' ..
+              nowf .. '"}]'
+          end
           redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
-            'le', fmt(le), 'upd', fmt(NOW), 'pr', 0, 'lp', 0, 'al', cjson.encode(log))
-          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc')
+            'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'al', al)
+          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc', 'cw')
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
-          leased[#leased + 1] = fmt(le)
+          leased[#leased + 1] = lef
           leased[#leased + 1] = id
           -- The row as JSON, its stored JSON (payload, actor, trace context,
           -- step records) embedded as is: the driver parses the reply once.
@@ -978,10 +1005,11 @@ while i <= #ARGV do
             local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
             steps[#steps + 1] = '[' .. cjson.encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
           end
-          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jstr(q),
-            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), tostring(att), jstr(f[14]),
-            jstr(worker), jstr(tostring(claim)), jstr(f[15]), jstr(f[16]), jstr(fmt(le)),
-            f[17] or 'null', f[18] or 'null', jstr(f[5] or '0'), jstr(f[6] or '0'),
+          -- Numbers as JSON numbers: att, max, claim, and the times ('%.6f').
+          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jq,
+            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), att, f[14],
+            jworker, claim, f[15], f[16], lef,
+            f[17] or 'null', f[18] or 'null', f[5] == '1' and '1' or '0', f[6] == '1' and '1' or '0',
             '[' .. table.concat(steps, ',') .. ']'}, ',') .. ']'
         end
       end
@@ -1043,6 +1071,11 @@ local gone = {}      -- rows out of the running set
 local ended = {}     -- queue -> {score, id, ...} for its done set
 local settled = {}   -- queue -> rows that left running
 local counted = {}   -- job name -> {settles, summed duration or nil, queue}
+-- What every settle of this call shares, formatted once.
+local nowf = fmt(NOW)
+local kept = fmt(NOW + DONE_TTL)
+local ttl = math.ceil(DONE_TTL)
+local closing = ',"ended_at":"' .. nowf .. '","outcome":"done"}]'
 for r = 0, n - 1 do
   local a = acks[r + 1]
   local id, worker, claim = a[1], a[2], a[3]
@@ -1054,17 +1087,16 @@ for r = 0, n - 1 do
   else
     local q, name = f[5], f[6]
     gone[#gone + 1] = id
-    -- The attempt log's open entry closes done (log_end, inline).
-    local fields = {'st', 'done', 'sc', claim, 'upd', fmt(NOW)}
-    if f[9] then
-      local log = cjson.decode(f[9])
-      local last = log[#log]
-      if last and not last.ended_at then
-        last.ended_at = fmt(NOW)
-        last.outcome = 'done'
-        fields[#fields + 1] = 'al'
-        fields[#fields + 1] = cjson.encode(log)
-      end
+    -- The attempt log's open entry closes done (log_end, inline). The fence
+    -- held, so the log's last entry is this claim's, open (the claim opened
+    -- it; only a settle, a lapse or a cancel closes one, and each ends the
+    -- claim): its text gains the two fields, nothing decoded. (cjson writes an
+    -- array of objects with no spaces: the text ends '}]'.)
+    local fields = {'st', 'done', 'sc', claim, 'upd', nowf}
+    local al = f[9]
+    if al and string.sub(al, -2) == '}]' then
+      fields[#fields + 1] = 'al'
+      fields[#fields + 1] = string.sub(al, 1, -3) .. closing
     end
     if res ~= '' then
       fields[#fields + 1] = 'rs'
@@ -1089,12 +1121,12 @@ for r = 0, n - 1 do
     if f[10] then release_leases(id) end
     -- terminal(), with the sets written once per queue below.
     local e = ended[q] or {}
-    e[#e + 1] = fmt(NOW + DONE_TTL)
+    e[#e + 1] = kept
     e[#e + 1] = id
     ended[q] = e
     settled[q] = (settled[q] or 0) + 1
-    redis.call('EXPIRE', jk, math.ceil(DONE_TTL))
-    redis.call('EXPIRE', P .. ':steps:' .. id, math.ceil(DONE_TTL))
+    redis.call('EXPIRE', jk, ttl)
+    redis.call('EXPIRE', P .. ':steps:' .. id, ttl)
     local c = counted[name] or {0, nil, q}
     c[1] = c[1] + 1
     if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
@@ -1113,7 +1145,9 @@ return out
 -- The fenced hand-back: live again (ready/delayed/suspended, due at run_at or
 -- now + delay) or for good (dead/failed). counted = 0 gives the attempt back.
 -- ARGV[A + 15]: the busy lease key a 'wait' run waits on ('' for none);
--- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none).
+-- ARGV[A + 16 .. A + 18]: the attempt's outcome, code and error line ('' none);
+-- ARGV[A + 19]: wait_children ('1': suspended on its children), ARGV[A + 20]:
+-- the wait it is suspended on (NackOptions.children_wait; '' for none: all).
 local STATES = {ready = true, delayed = true, suspended = true, dead = true, failed = true}
 fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_whole(ARGV[A + 2], 'the claim'),
@@ -1127,7 +1161,8 @@ fault = first(need(ARGV[A], 'job_id'), need(ARGV[A + 1], 'worker_id'),
   need_opt(ARGV[A + 12], 'the waited event'), need_duration_opt(ARGV[A + 13], 'the duration'),
   need_flag(ARGV[A + 14], 'again'), need_opt(ARGV[A + 15], 'the busy key'),
   need_str(ARGV[A + 16], 'the outcome'), need_str(ARGV[A + 17], 'the attempt code'),
-  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'))
+  need_str(ARGV[A + 18], 'the error line'), need_flag(ARGV[A + 19] or '', 'wait_children'),
+  need_opt(ARGV[A + 20] or '', 'children_wait'))
 if fault then return refuse('X_INVARIANT', fault) end
 local id, worker, claim, st = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local counted, mx, pg, set_err = ARGV[A + 4], ARGV[A + 5], ARGV[A + 6], ARGV[A + 7]
@@ -1181,11 +1216,21 @@ if busy and st == 'ready' then
   end
 end
 if ARGV[A + 19] == '1' then
-  -- Suspended on its children: due at once when none is live as it lands.
+  -- Suspended on its children (of one wait, or all): due at once when none
+  -- is live as it lands.
   redis.call('HSET', jk, 'wc', 1)
-  if (tonumber(redis.call('HGET', jk, 'kp')) or 0) <= 0 then run_at = NOW end
+  local cw = opt(ARGV[A + 20])
+  local live
+  if cw then
+    redis.call('HSET', jk, 'cw', cw)
+    live = redis.call('HGET', jk, 'kw:' .. cw)
+  else
+    redis.call('HDEL', jk, 'cw')
+    live = redis.call('HGET', jk, 'kp')
+  end
+  if (tonumber(live) or 0) <= 0 then run_at = NOW end
 else
-  redis.call('HDEL', jk, 'wc')
+  redis.call('HDEL', jk, 'wc', 'cw')
 end
 redis.call('HSET', jk, 'run', fmt(run_at))
 if we ~= '' then
