@@ -48,7 +48,7 @@ INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, m
     state, attempts, run_at, created_at, updated_at, result, sensitive)
 SELECT gen_random_uuid(), gen_random_uuid(), 'bench.av', 'default', to_json(g),
        'settled:' || g, 3, 'done', 1, t, t, t + 0.01, 'null'::json, false
-FROM generate_series(1, %(n)s) g, LATERAL (SELECT %(now)s - 2592000.0 * random() AS t) x
+FROM (SELECT g, %(now)s - 2592000.0 * random() AS t FROM generate_series(1, %(n)s) g) x
 """
 
 STATS_SQL = """
