@@ -124,11 +124,13 @@ def _csv_cells(flat: list[Any], width: int) -> None:
         elif kinds <= _FLAGS:
             flat[j::width] = map(_FLAG_CELL.__getitem__, col)
         elif kinds <= _TEXT:
-            if type(None) in kinds:
+            changed = type(None) in kinds
+            if changed:
                 col = ["" if c is None else c for c in col]
             if any(map(str.startswith, col, repeat(FORMULA_STARTS))):
-                col = list(map(_guard, col))
-            flat[j::width] = col
+                col, changed = list(map(_guard, col)), True
+            if changed:
+                flat[j::width] = col
         else:
             flat[j::width] = [_text_cell(_cell(c)) for c in col]
 
@@ -169,9 +171,8 @@ def render(fmt: str, columns: tuple[str, ...], rows: list[Any], name: str) -> by
             _csv_cells(flat, width)
             text = _joined(flat, width, len(rows))
             if text is not None:
-                out.write(text)
-            else:
-                writer.writerows(flat[i : i + width] for i in range(0, len(flat), width))
+                return (out.getvalue() + text).encode("utf-8")
+            writer.writerows(flat[i : i + width] for i in range(0, len(flat), width))
         return out.getvalue().encode("utf-8")
     dumps = orjson.dumps
     return b"".join(
