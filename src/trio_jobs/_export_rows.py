@@ -11,6 +11,7 @@ import csv
 import datetime as _dt
 import io
 from collections.abc import Callable, Mapping
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -86,61 +87,71 @@ def _values(row: Any, columns: tuple[str, ...], name: str) -> Any:
 
 
 _AS_IS = frozenset({int, float, type(None)})  # the csv module writes these as _cell would
+_NUMBERS = frozenset({int, float})
 _TEXT = frozenset({str, type(None)})
 _FLAGS = frozenset({bool, type(None)})
 _FLAG_CELL = {True: "true", False: "false", None: ""}
 
 
-def _columns(rows: list[Any], columns: tuple[str, ...], name: str) -> list[tuple[Any, ...]]:
-    """The page's csv cells (:func:`_cell` of each value), a column at a time: a
-    column of numbers is kept as it is and a column of text without a formula
-    start too, each found by a loop in C; only the other columns go through
-    ``_cell`` value by value."""
-    values = [_values(row, columns, name) for row in rows]
-    cols = list(zip(*values, strict=True))
-    for j, col in enumerate(cols):
+def _flat(rows: list[Any], columns: tuple[str, ...], name: str) -> list[Any]:
+    """The page's values in one list, row after row (``columns`` a row)."""
+    width = len(columns)
+    if set(map(type, rows)) <= {tuple, list} and set(map(len, rows)) == {width}:
+        return list(chain.from_iterable(rows))  # rows as the database driver answers them
+    return list(chain.from_iterable(_values(row, columns, name) for row in rows))
+
+
+def _text_cell(value: Any) -> str:
+    """A cell :func:`_cell` answered, as the csv module writes it."""
+    if type(value) is str:
+        return value
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _csv_cells(flat: list[Any], width: int) -> None:
+    """Turn ``flat`` (a page's values, row after row) into its csv cells in
+    place, a column at a time: a column of numbers is kept as it is, a column
+    of booleans by one lookup a value, a column of text with its formula
+    starts guarded (found by one ``startswith`` a cell, in C); only other
+    columns go through :func:`_cell` value by value."""
+    for j in range(width):
+        col = flat[j::width]
         kinds = set(map(type, col))
-        if kinds <= _AS_IS or (kinds <= _TEXT and not _formula_in(col)):
+        if kinds <= _NUMBERS:
             continue
-        if kinds <= _FLAGS:
-            cols[j] = tuple(map(_FLAG_CELL.__getitem__, col))
-            continue
-        cols[j] = tuple(map(_cell, col))
-    return cols
-
-
-#: The characters the csv module would quote a cell for (QUOTE_MINIMAL, "\n" line ends).
-_QUOTED = (",", '"', "\r", "\n")
-
-
-def _formula_in(col: tuple[Any, ...]) -> bool:
-    """Whether a text cell of ``col`` may start with a formula character (a
-    cell holding ``\x1f`` and one may answer ``True``: the cells then go
-    through ``_cell`` one by one, which is right either way)."""
-    joined = "\x1f" + "\x1f".join(filter(None, col))
-    return any("\x1f" + c in joined for c in FORMULA_STARTS)
-
-
-def _plain(cols: list[tuple[Any, ...]]) -> list[Any] | None:
-    """The columns as text cells, when the csv module would write each of
-    them as it is (no cell to quote): joined with ``,`` they are its lines.
-    ``None`` otherwise (the csv module writes the page)."""
-    text: list[Any] = []
-    for col in cols:
-        kinds = set(map(type, col))
-        if kinds <= _TEXT:
-            cells = col if str in kinds and type(None) not in kinds else [c or "" for c in col]
-        elif kinds <= _AS_IS and type(None) not in kinds:
-            cells = list(map(str, col))  # numbers: never a character to quote
+        if kinds <= _AS_IS:
+            flat[j::width] = ["" if c is None else c for c in col]
+        elif kinds <= _FLAGS:
+            flat[j::width] = map(_FLAG_CELL.__getitem__, col)
+        elif kinds <= _TEXT:
+            changed = type(None) in kinds
+            if changed:
+                col = ["" if c is None else c for c in col]
+            if any(map(str.startswith, col, repeat(FORMULA_STARTS))):
+                col, changed = list(map(_guard, col)), True
+            if changed:
+                flat[j::width] = col
         else:
-            cells = ["" if c is None else str(c) for c in col]
-        if not kinds <= _AS_IS:
-            joined = "\x1f".join(cells)
-            if any(c in joined for c in _QUOTED):  # four scans in C
-                return None
-        text.append(cells)
-    if len(text) == 1 and "" in text[0]:
-        return None  # a line of one empty cell is written '""'
+            flat[j::width] = [_text_cell(_cell(c)) for c in col]
+
+
+def _joined(flat: list[Any], width: int, count: int) -> str | None:
+    """The page's lines, its cells joined with ``,`` in one formatting call:
+    what the csv module writes when no cell needs quoting. ``None`` where one
+    does (a cell holding ``,``, ``"``, a line end; a line of one empty cell,
+    which it writes ``""``)."""
+    if width == 1 and "" in flat:
+        return None
+    text = ((",".join(["%s"] * width) + "\n") * count) % tuple(flat)
+    # A number never holds one of these: the text cells hold none when the
+    # page has exactly a row's separators a row (four scans in C).
+    if (
+        text.count(",") != (width - 1) * count
+        or text.count("\n") != count
+        or '"' in text
+        or "\r" in text
+    ):
+        return None
     return text
 
 
@@ -155,15 +166,13 @@ def render(fmt: str, columns: tuple[str, ...], rows: list[Any], name: str) -> by
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
         if rows:
-            cols = _columns(rows, columns, name)
-            plain = _plain(cols)
-            if plain is None:
-                writer.writerows(zip(*cols, strict=True))
-            else:
-                # What the csv module writes for cells it need not quote, three
-                # times faster than its writer.
-                out.write("\n".join(map(",".join, zip(*plain, strict=True))))
-                out.write("\n")
+            width = len(columns)
+            flat = _flat(rows, columns, name)
+            _csv_cells(flat, width)
+            text = _joined(flat, width, len(rows))
+            if text is not None:
+                return (out.getvalue() + text).encode("utf-8")
+            writer.writerows(flat[i : i + width] for i in range(0, len(flat), width))
         return out.getvalue().encode("utf-8")
     dumps = orjson.dumps
     return b"".join(

@@ -11,6 +11,11 @@ step: the bytes after the last whole record are read again by the next page, so
 a character that a page edge splits is always read whole, and a killed attempt
 resumes at the checkpoint of the last page that completed.
 
+The reading and parsing run in a task of their own, ahead of the steps (see
+"The run" below): page ``n + 1`` is parsed while page ``n``'s batches are in
+``handle``, and page ``n``'s step still checkpoints only after its own batches
+returned.
+
 Page 1 also records the object's size and etag; every later page's read must
 answer the same pair, or the run is ``X_IMPORT_SOURCE_CHANGED`` (two files are
 never mixed).
@@ -19,7 +24,7 @@ never mixed).
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -38,6 +43,8 @@ from ._validate import text_fault
 from .errors import ErrorCode, JobDeclarationError, JobsError
 
 if TYPE_CHECKING:
+    from trio import MemoryReceiveChannel, MemorySendChannel
+
     from ._context import JobContext
     from ._settled import Settled
 
@@ -389,106 +396,184 @@ def _split_quoted(text: str) -> list[str] | tuple[()]:
 
 # ---------------------------------------------------------------------------
 # The run
+#
+# A task of the import's nursery reads and parses the pages in order and sends
+# each page's batches, then the page's end, over a memory channel; the page's
+# step receives them and hands each batch to ``handle``. The parse runs ahead of
+# the handles (by the channel's one item and the batch being parsed), within a
+# page and across a page's end: while the database writes a batch, the client
+# parses the next, the next page's included. A page's step still checkpoints
+# only after every batch of its page returned from ``handle``; nothing the
+# reader found ahead (a refused row, a fault) is written or raised before the
+# step of its page receives it.
 
 
-class _Page:
-    """One page's parse: structured rows handed on ``batch`` at a time, refused
-    rows collected for the report.
+class _RowFns:
+    """An import's row functions, built once a header."""
 
-    A batch's ``handle`` runs in its own task while the page parses the next
-    batch (a handle waiting on its database overlaps the parse instead of
-    adding to it); the next batch is handed only after it returned, so calls
-    never overlap and keep the file's order. A handle's exception fails the
-    page at the next hand-over or at the page's end."""
+    def __init__(self, schema: type) -> None:
+        self.schema = schema
+        self._hook: Callable[[Any, type], Any] | None = None
+        self._makers: dict[tuple[str, ...], Callable[[Sequence[str]], Any]] = {}
 
-    def __init__(
-        self,
-        spec: _Spec,
-        ctx: JobContext[Any],
-        refused_before: int,
-        report: tuple[str | None, int, Any],
-        makers: dict[tuple[str, ...], Callable[[Sequence[str]], Any]],
-        nursery: trio.Nursery,
-    ) -> None:
-        self.spec = spec
-        self.nursery = nursery
-        self.handed: trio.Event | None = None
-        self.failure: Exception | None = None
-        self.ctx = ctx
-        self.report_prefix, self.page_number, self.sink_store = report
-        self.refused: list[dict[str, Any]] = []
-        self.refused_before = refused_before
-        self.pending: list[Any] = []
-        self.rows = 0
+    def hook(self) -> Callable[[Any, type], Any]:
         # ndjson values are JSON's own types: the library's converter, strict.
-        self.hook = converter.get_structure_hook(spec.schema)
-        self.makers = makers
+        if self._hook is None:
+            self._hook = converter.get_structure_hook(self.schema)
+        return self._hook
 
     def maker(self, header: list[str]) -> Callable[[Sequence[str]], Any]:
-        """The row function of a csv header (built once an import and header)."""
-        found = self.makers.get(tuple(header))
+        """The row function of a csv header."""
+        key = tuple(header)
+        found = self._makers.get(key)
         if found is None:
-            found = self.makers[tuple(header)] = csv_maker(self.spec.schema, header)
+            found = self._makers[key] = csv_maker(self.schema, header)
         return found
 
-    async def refuse(self, line: int, field: str | None, code: ErrorCode) -> None:
+
+class _Crossed(Exception):
+    """Internal: the refused row that took the run past ``max_row_errors``."""
+
+    def __init__(self, total: int, line: int) -> None:
+        super().__init__(total, line)
+        self.total, self.line = total, line
+
+
+def _page_key(number: int, prev: dict[str, Any]) -> tuple[Any, ...]:
+    """What a page's parse reads: its number and the checkpoint before it, all
+    of it but the count of rows handled."""
+    header = prev["header"]
+    return (
+        number,
+        prev["offset"],
+        prev["line"],
+        prev["refused"],
+        None if header is None else tuple(header),
+        prev["size"],
+        prev["etag"],
+    )
+
+
+@attrs.define
+class _PageEnd:
+    """The last item of a page on the channel. ``after``: its checkpoint but for
+    the rows handled (``None`` with a ``fault``); ``refused``: its report;
+    ``crossed``: past ``max_row_errors`` (the batches before the crossing row
+    were sent, the rest of the page was not); ``fault``: what its read or
+    parse raised; ``next``: the key of the page the reader parses next
+    (``None``: it stopped)."""
+
+    after: dict[str, Any] | None = None
+    refused: list[dict[str, Any]] = attrs.Factory(list)
+    crossed: _Crossed | None = None
+    fault: Exception | None = None
+    next: tuple[Any, ...] | None = None
+
+
+class _Parse:
+    """One page's parse on the reader's side: rows gathered ``batch`` at a time
+    and sent, refused rows kept for the page's end."""
+
+    def __init__(
+        self, spec: _Spec, refused_before: int, fns: _RowFns, send: MemorySendChannel[Any]
+    ) -> None:
+        self.spec = spec
+        self.refused_before = refused_before
+        self.fns = fns
+        self.send = send
+        self.refused: list[dict[str, Any]] = []
+        self.pending: list[Any] = []
+
+    def refuse(self, line: int, field: str | None, code: ErrorCode) -> None:
         self.refused.append({"line": line, "field": field, "code": str(code)})
         total = self.refused_before + len(self.refused)
         if total > self.spec.max_row_errors:
-            # The report is written first; the batch that crossed the limit is not handled.
-            await self.write_report()
-            raise JobsError(
-                ErrorCode.X_IMPORT_TOO_MANY_ERRORS,
-                f"import {self.spec.name!r}: {total} rows refused, past max_row_errors="
-                f"{self.spec.max_row_errors}; read the report under "
-                f"{self.report_prefix or '(no error sink)'} and fix the file",
-                meta={"refused": total, "line": line, "error_prefix": self.report_prefix},
-            )
-
-    async def write_report(self) -> None:
-        if not self.refused or self.report_prefix is None:
-            return
-        body = b"".join(orjson.dumps(r) + b"\n" for r in self.refused)
-        key = f"{self.report_prefix}/errors-{self.page_number:05d}.ndjson"
-        await put(self.sink_store, key, body)
+            raise _Crossed(total, line)
 
     async def take(self, line: int, values: dict[str, Any]) -> None:
         try:
-            row = self.hook(values, self.spec.schema)
+            row = self.fns.hook()(values, self.spec.schema)
         except Exception as exc:  # cattrs, or the class's own validators
-            await self.refuse(line, fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
+            self.refuse(line, fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
             return
         self.pending.append(row)
         if len(self.pending) >= self.spec.batch:
             await self.flush()
 
     async def flush(self) -> None:
-        """Hand the pending rows to ``handle`` once the batch before returned."""
+        """Send the pending rows (the page's step hands them to ``handle``)."""
         if self.pending:
             rows, self.pending = self.pending, []
-            await self.settle()
-            self.handed = done = trio.Event()
-            self.nursery.start_soon(self._handle, rows, done)
-            # Let the handle start (up to its first wait) before the parse goes on.
-            await trio.lowlevel.checkpoint()
+            await self.send.send(rows)
 
-    async def _handle(self, rows: list[Any], done: trio.Event) -> None:
-        try:
-            await _call(self.spec.handle, rows, self.ctx.input)
-            self.rows += len(rows)
-        except Exception as exc:  # the page raises it, in its own task
-            self.failure = exc
-        finally:
-            done.set()
 
-    async def settle(self) -> None:
-        """Wait for the batch in ``handle``; raise what it raised."""
-        if self.handed is not None:
-            await self.handed.wait()
-            self.handed = None
-        if self.failure is not None:
-            failure, self.failure = self.failure, None
-            raise failure
+class _Reader:
+    """The task that reads and parses the pages ahead of their steps.
+
+    A page's step asks for its page by its checkpoint (:meth:`page`): the reader
+    already on it (it was started by a page before, in this attempt) is used,
+    any other is cancelled and one is started there (the first page an attempt
+    runs, after the pages it replayed)."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        parse: Callable[[int, dict[str, Any], _Parse], Awaitable[dict[str, Any]]],
+        spec: _Spec,
+        fns: _RowFns,
+    ) -> None:
+        self._nursery = nursery
+        self._parse = parse
+        self._spec = spec
+        self._fns = fns
+        self._recv: MemoryReceiveChannel[Any] | None = None
+        self._scope: trio.CancelScope | None = None
+        self._at: tuple[Any, ...] | None = None
+
+    def page(self, number: int, prev: dict[str, Any]) -> MemoryReceiveChannel[Any]:
+        """The channel page ``number``'s batches, then its :class:`_PageEnd`,
+        arrive on."""
+        key = _page_key(number, prev)
+        if self._recv is None or self._at != key:
+            if self._scope is not None:
+                self._scope.cancel()
+            # One item of room: the reader parses on past a page's end while the
+            # last batch of the page is in handle.
+            send, self._recv = trio.open_memory_channel[Any](1)
+            self._scope = scope = trio.CancelScope()
+            self._nursery.start_soon(self._run, scope, send, number, prev)
+        self._at = None  # until this page's end names the next
+        return self._recv
+
+    def ended(self, end: _PageEnd) -> None:
+        self._at = end.next
+
+    async def _run(
+        self,
+        scope: trio.CancelScope,
+        send: MemorySendChannel[Any],
+        number: int,
+        prev: dict[str, Any],
+    ) -> None:
+        with scope, send:
+            while True:
+                work = _Parse(self._spec, prev["refused"], self._fns, send)
+                end = _PageEnd()
+                try:
+                    end.after = await self._parse(number, prev, work)
+                    await work.flush()
+                except _Crossed as crossed:
+                    end.crossed = crossed
+                except Exception as exc:  # the page's step raises it
+                    end.fault = exc
+                end.refused = work.refused
+                after = end.after
+                if after is not None and not after["done"] and end.crossed is None:
+                    end.next = _page_key(number + 1, after)
+                await send.send(end)
+                if after is None or end.next is None:
+                    return
+                number, prev = number + 1, after
 
 
 def _too_large(spec: _Spec, offset: int, line: int) -> JobsError:
@@ -501,9 +586,19 @@ def _too_large(spec: _Spec, offset: int, line: int) -> JobsError:
     )
 
 
+def _too_many(spec: _Spec, crossed: _Crossed, report_prefix: str | None) -> JobsError:
+    return JobsError(
+        ErrorCode.X_IMPORT_TOO_MANY_ERRORS,
+        f"import {spec.name!r}: {crossed.total} rows refused, past max_row_errors="
+        f"{spec.max_row_errors}; read the report under "
+        f"{report_prefix or '(no error sink)'} and fix the file",
+        meta={"refused": crossed.total, "line": crossed.line, "error_prefix": report_prefix},
+    )
+
+
 def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
     record_end = _csv_record_end if spec.format == "csv" else _ndjson_record_end
-    makers: dict[tuple[str, ...], Callable[[Sequence[str]], Any]] = {}
+    fns = _RowFns(spec.schema)
 
     async def run_import(ctx: JobContext[Any]) -> dict[str, Any]:
         store = await _call(spec.source, ctx.input)
@@ -537,7 +632,9 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                 raise changed(offset)
             return data, offset + len(data) >= pinned.size
 
-        async def page(number: int, prev: dict[str, Any]) -> dict[str, Any]:
+        async def parse(number: int, prev: dict[str, Any], work: _Parse) -> dict[str, Any]:
+            """Read page ``number`` and parse it, sending its rows through
+            ``work``; its checkpoint but for the rows handled."""
             offset: int = prev["offset"]
             line: int = prev["line"]
             if number == 1:
@@ -570,54 +667,22 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                         before = sum(len(x) + 1 for x in body.split(b"\n")[:at])
                         raise _too_large(spec, offset + skip + before, line + at)
             header = prev["header"]
-            async with trio.open_nursery() as nursery:
-                work = _Page(
-                    spec,
-                    ctx,
-                    prev["refused"],
-                    (report_prefix, number, sink_store),
-                    makers,
-                    nursery,
-                )
-                try:
-                    if spec.format == "csv":
-                        if text is None:
-                            records = [_decode(r) for r in records]
-                            clean, crlf = False, True
-                        else:
-                            clean, crlf = "\x00" not in text, "\r" in text
-                        header = await _csv_page(
-                            spec,
-                            work,
-                            (records, starts, clean, crlf),
-                            unclosed and last,
-                            line,
-                            header,
-                        )
-                    else:
-                        await _ndjson_page(spec, work, records, starts, line)
-                    await work.flush()
-                    await work.settle()
-                    await work.write_report()
-                except Exception as exc:
-                    # A batch in handle finishes first (it was handed; a fault of its
-                    # own, from earlier in the file, is the one the page reports).
-                    fault: Exception | None = exc
+            if spec.format == "csv":
+                if text is None:
+                    records = [_decode(r) for r in records]
+                    clean, crlf = False, True
                 else:
-                    fault = None
-                if fault is not None:
-                    try:
-                        await work.settle()
-                    except Exception as earlier:
-                        fault = earlier
-            if fault is not None:
-                raise fault
-            if last and spec.format == "csv" and header is None:
-                raise _header_mismatch(spec, "the file has no header line")
+                    clean, crlf = "\x00" not in text, "\r" in text
+                header = await _csv_page(
+                    spec, work, (records, starts, clean, crlf), unclosed and last, line, header
+                )
+                if last and header is None:
+                    raise _header_mismatch(spec, "the file has no header line")
+            else:
+                await _ndjson_page(work, records, starts, line)
             return {
                 "offset": offset + end,
                 "line": line + region.count(b"\n"),
-                "rows": prev["rows"] + work.rows,
                 "refused": prev["refused"] + len(work.refused),
                 "header": header,
                 "size": pinned.size,
@@ -625,31 +690,82 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                 "done": last,
             }
 
-        state: dict[str, Any] = {
-            "offset": 0,
-            "line": 1,
-            "rows": 0,
-            "refused": 0,
-            "header": None,
-            "size": None,
-            "etag": None,
-        }
-        number = 0
-        while True:
-            number += 1
+        async def write_report(number: int, refused: list[dict[str, Any]]) -> None:
+            if not refused or report_prefix is None:
+                return
+            body = b"".join(orjson.dumps(r) + b"\n" for r in refused)
+            await put(sink_store, f"{report_prefix}/errors-{number:05d}.ndjson", body)
 
-            # Default arguments: step.run hands a page fn that takes none no signal.
-            async def this_page(number: int = number, prev: dict[str, Any] = state) -> Any:
-                return await page(number, prev)
+        async def page(reader: _Reader, number: int, prev: dict[str, Any]) -> dict[str, Any]:
+            """Hand the page's batches as they arrive (each call after the one
+            before returned, in the file's order), write its report, answer its
+            checkpoint."""
+            feed = reader.page(number, prev)
+            handed = 0
+            while True:
+                item = await feed.receive()
+                if type(item) is _PageEnd:
+                    break
+                await _call(spec.handle, item, ctx.input)
+                handed += len(item)
+            reader.ended(item)
+            if item.fault is not None:
+                raise item.fault
+            await write_report(number, item.refused)
+            if item.crossed is not None:
+                # The report is written; the batch that crossed the limit was not sent.
+                raise _too_many(spec, item.crossed, report_prefix)
+            after = item.after
+            assert after is not None
+            return {
+                "offset": after["offset"],
+                "line": after["line"],
+                "rows": prev["rows"] + handed,
+                "refused": after["refused"],
+                "header": after["header"],
+                "size": after["size"],
+                "etag": after["etag"],
+                "done": after["done"],
+            }
 
-            state = await ctx.step.run(f"{PAGE_STEP_PREFIX}{number}", this_page)
-            if state["done"]:
-                return {
-                    "rows": state["rows"],
-                    "refused": state["refused"],
-                    "pages": number,
-                    "error_prefix": report_prefix if state["refused"] else None,
-                }
+        async def pages(reader: _Reader) -> dict[str, Any]:
+            state: dict[str, Any] = {
+                "offset": 0,
+                "line": 1,
+                "rows": 0,
+                "refused": 0,
+                "header": None,
+                "size": None,
+                "etag": None,
+            }
+            number = 0
+            while True:
+                number += 1
+
+                # Default arguments: step.run hands a page fn that takes none no signal.
+                async def this_page(number: int = number, prev: dict[str, Any] = state) -> Any:
+                    return await page(reader, number, prev)
+
+                state = await ctx.step.run(f"{PAGE_STEP_PREFIX}{number}", this_page)
+                if state["done"]:
+                    return {
+                        "rows": state["rows"],
+                        "refused": state["refused"],
+                        "pages": number,
+                        "error_prefix": report_prefix if state["refused"] else None,
+                    }
+
+        failure: BaseException | None = None
+        answer: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            try:
+                answer = await pages(_Reader(nursery, parse, spec, fns))
+            except BaseException as exc:  # raised past the nursery, never in a group
+                failure = exc
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return answer
 
     run_import.__name__ = run_import.__qualname__ = spec.name
     return run_import
@@ -673,7 +789,7 @@ def _decode(record: bytes) -> str | None:
 
 async def _csv_page(
     spec: _Spec,
-    work: _Page,
+    work: _Parse,
     parsed: tuple[list[str | None], list[int] | None, bool, bool],
     unclosed_at_end: bool,
     first_line: int,
@@ -683,7 +799,7 @@ async def _csv_page(
     record holds a NUL; ``crlf``: a record may end with a carriage return."""
     records, starts, clean, crlf = parsed
     width = len(spec.columns)
-    make = None if header is None else work.maker(header)
+    make = None if header is None else work.fns.maker(header)
     size, pending = spec.batch, work.pending
     last = len(records) - 1
     for i, text in enumerate(records):
@@ -693,13 +809,11 @@ async def _csv_page(
             if text is None:
                 if make is None:
                     raise _header_mismatch(spec, "the header line is not UTF-8 text")
-                await work.refuse(
-                    _line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_ENCODING
-                )
+                work.refuse(_line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_ENCODING)
             continue  # a blank line is nothing
         if make is None or header is None:
             header = _read_header(spec, text)
-            make = work.maker(header)
+            make = work.fns.maker(header)
             continue
         fields = text.split(",") if '"' not in text else _split_quoted(text)
         if (
@@ -708,13 +822,12 @@ async def _csv_page(
             or (unclosed_at_end and i == last)
         ):
             # A ragged line, a stray quote, a NUL, an unclosed quote at the file's end.
-            await work.refuse(_line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_MALFORMED)
+            work.refuse(_line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_MALFORMED)
             continue
         try:
             row = make(fields)
         except FieldFault as fault:
-            line = _line(first_line, starts, i)
-            await work.refuse(line, fault.field, ErrorCode.X_IMPORT_ROW_INVALID)
+            work.refuse(_line(first_line, starts, i), fault.field, ErrorCode.X_IMPORT_ROW_INVALID)
             continue
         pending.append(row)
         if len(pending) >= size:
@@ -756,13 +869,12 @@ def _read_header(spec: _Spec, text: str | None) -> list[str]:
 
 
 async def _ndjson_page(
-    spec: _Spec,
-    work: _Page,
+    work: _Parse,
     records: list[bytes],
     starts: list[int] | None,
     first_line: int,
 ) -> None:
-    allowed = frozenset(spec.columns)
+    allowed = frozenset(work.spec.columns)
     for i, record in enumerate(records):
         line = first_line + (starts[i] if starts is not None else i)
         if not record.strip():
@@ -775,13 +887,13 @@ async def _ndjson_page(
                 if _decode(record) is None
                 else ErrorCode.X_IMPORT_ROW_MALFORMED
             )
-            await work.refuse(line, None, code)
+            work.refuse(line, None, code)
             continue
         if not isinstance(value, dict):
-            await work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
+            work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
             continue
         extra = [k for k in value if k not in allowed]
         if extra:
-            await work.refuse(line, sorted(extra)[0][:64], ErrorCode.X_IMPORT_ROW_INVALID)
+            work.refuse(line, sorted(extra)[0][:64], ErrorCode.X_IMPORT_ROW_INVALID)
             continue
         await work.take(line, value)

@@ -405,3 +405,95 @@ async def test_a_handle_overlaps_the_parse_of_the_next_batch_but_never_itself(
     # the first attempt handed [1..5], [6..10], failed on the third; the retry handed all
     assert seen[:2] == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
     assert [i for batch in seen[2:] for i in batch] == list(range(1, 24))
+
+
+async def test_the_next_page_is_parsed_while_a_handle_runs_and_checkpoints_stay_per_page(
+    tmp_path: pathlib.Path, autojump_clock: Any
+) -> None:
+    """While page n's batch is in ``handle``, page n + 1 is read and its rows
+    structured (the client parses while the database writes); page n's
+    checkpoint still waits for its own handle, and page n + 1's rows are
+    handed only by page n + 1's step."""
+    import trio
+
+    from trio_jobs._store import INLINE
+
+    # The store's calls inline, as under the simulation: a read in a worker
+    # thread would let the virtual clock end the handle's sleep before it.
+    token = INLINE.set(True)
+    built: list[int] = []
+
+    @attrs.frozen
+    class Seen:
+        id: int = attrs.field()
+        name: str = ""
+
+        @id.validator
+        def _record(self, _attr: Any, value: int) -> None:
+            built.append(value)
+
+    store = local(tmp_path)
+    body = "id,name\n" + "".join(f"{i},n{i}\n" for i in range(1, 41))
+    put(store, "in.csv", body)
+    ahead: list[bool] = []
+    handed: list[list[int]] = []
+
+    async def handle(rows: list[Seen], _input: Load) -> None:
+        await trio.sleep(1)  # the database at work: the reader parses on meanwhile
+        ahead.append(max(built) > rows[-1].id)
+        handed.append([r.id for r in rows])
+
+    job = make_import(
+        store, Table(), columns=["id", "name"], schema=Seen, handle=handle, page_bytes=60
+    )
+    try:
+        trace = await run(job)
+    finally:
+        INLINE.reset(token)
+    assert trace.state == "done", trace.last_error
+    assert [i for batch in handed for i in batch] == list(range(1, 41))
+    # every page but the last found the next one parsed when its handle returned
+    assert ahead[:-1] == [True] * (len(ahead) - 1)
+    assert ahead[-1] is False
+    # one handle call a page (each page's rows are fewer than a batch), its checkpoint after it
+    assert len(handed) == len(trace.steps)
+    counts = [s.output["rows"] for s in trace.steps.values()]
+    assert counts == list(itertools.accumulate(len(b) for b in handed))
+
+
+async def test_a_fault_the_reader_finds_ahead_fails_its_own_page_after_the_one_before(
+    tmp_path: pathlib.Path, autojump_clock: Any
+) -> None:
+    """Page 2 holds a record past max_record_bytes: found while page 1 was in
+    handle, raised by page 2's step; page 1's rows and checkpoint stand."""
+    store, table = local(tmp_path), Table()
+    first = HEADER + people(5)
+    body = first + "6," + "x" * 300 + ",1,on\n" + people(3, start=7)
+    put(store, "in.csv", body)
+    job = make_import(store, table, page_bytes=len(first), max_record_bytes=200)
+    trace = await run(job)
+    assert trace.state == "dead"
+    assert trace.error_code == ErrorCode.X_IMPORT_RECORD_TOO_LARGE
+    assert trace.steps["page:1"].status == "completed"
+    assert trace.steps["page:1"].output["offset"] == len(first.encode())
+    assert set(table.rows) == {1, 2, 3, 4, 5}
+    assert f"at byte {len(first)} (line 7)" in (trace.last_error or "")
+
+
+async def test_max_row_errors_counts_across_pages_and_the_earlier_page_stands(
+    tmp_path: pathlib.Path, autojump_clock: Any
+) -> None:
+    store, table = local(tmp_path), Table()
+    first = HEADER + "1,a,,no\nx,b,,no\n3,c,,no\n"
+    body = first + "4,d,,no\ny,e,,no\n6,f,,no\n"
+    put(store, "in.csv", body)
+    trace = await run(make_import(store, table, max_row_errors=1, page_bytes=len(first)))
+    assert trace.state == "dead"
+    assert trace.error_code == ErrorCode.X_IMPORT_TOO_MANY_ERRORS
+    assert trace.steps["page:1"].status == "completed"
+    # page 1 handled whole; page 2's batch (the one that crossed) not
+    assert set(table.rows) == {1, 3}
+    assert report(store, "reports") == [
+        {"line": 3, "field": "id", "code": "X_IMPORT_ROW_INVALID"},
+        {"line": 6, "field": "id", "code": "X_IMPORT_ROW_INVALID"},
+    ]

@@ -154,3 +154,53 @@ def test_a_validator_refusal_names_no_field_and_a_converter_runs() -> None:
     with pytest.raises(FieldFault) as caught:
         make(["s", "0", "ab"])
     assert caught.value.field is None
+
+
+def test_a_plain_slots_class_has_its_slots_set_and_any_other_is_called() -> None:
+    """The row function sets the slots itself only where the class's attrs
+    ``__init__`` does no more than that; a post-init hook, a ``__setattr__`` of
+    the app's, a cached hash or a dict class is called as cattrs calls it."""
+    from trio_jobs._import_form import _slot_setters
+
+    made = csv_maker(Plain, ["note", "active", "score", "name", "id"])(["n", "on", "", "a", "7"])
+    assert made == Plain(7, "a", None, True, "n")
+    assert hash(made) == hash(Plain(7, "a", None, True, "n"))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made.id = 8  # type: ignore[misc]
+    assert _slot_setters(Plain, ["id", "name", "score", "active", "note"]) is not None
+    assert _slot_setters(Plain, ["id", "name", "score", "active"]) is None  # a default to set
+
+    calls: list[str] = []
+
+    @attrs.frozen
+    class Hooked:
+        a: int
+
+        def __attrs_post_init__(self) -> None:
+            calls.append("post-init")
+
+    @attrs.define
+    class Watched:
+        a: int
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            calls.append(f"set {name}")
+            object.__setattr__(self, name, value)
+
+    @attrs.frozen(cache_hash=True)
+    class Cached:
+        a: int
+
+    @attrs.define(slots=False)
+    class Loose:
+        a: int
+
+    for schema, seen in ((Hooked, ["post-init"]), (Watched, ["set a"]), (Cached, []), (Loose, [])):
+        assert _slot_setters(schema, ["a"]) is None, schema
+        make = csv_maker(schema, ["a"])
+        calls.clear()
+        row = make(["3"])
+        assert calls == seen  # the class was called
+        assert row == schema(3)
+        assert _answer(make, ["x"]) == _answer(_cattrs_maker(schema, ["a"]), ["x"])
+    assert hash(csv_maker(Cached, ["a"])(["3"])) == hash(Cached(3))
