@@ -40,7 +40,7 @@ from . import lock_stress
 from .cluster import Cluster
 from .lock_stress import deadlocks, explain, own_database
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.server_side]
 
 PARENTS = 8
 CHILDREN = 600

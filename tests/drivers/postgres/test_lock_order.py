@@ -32,7 +32,7 @@ from . import lock_stress
 from .cluster import Cluster
 from .lock_stress import deadlock_once, deadlocks, explain, own_database
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.server_side]
 
 #: Rows in the queue, and slots per process: hundreds of rows held at once.
 JOBS = 600
