@@ -11,13 +11,14 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session
 def psycopg_oldest(session: nox.Session) -> None:
     """The PostgreSQL tests on the oldest psycopg pyproject.toml admits (``tests``
-    runs the newest); CI runs both (.ci/run)."""
+    runs the newest) but the ``server_side`` ones, which do not depend on it; CI
+    runs both (.ci/run)."""
     import re
     import tomllib
 
@@ -28,7 +29,14 @@ def psycopg_oldest(session: nox.Session) -> None:
     assert found, requirement
     oldest = found.group(1)
     session.install("-e", ".[test]", f"psycopg[binary]=={oldest}")
-    session.run("python", "-m", "pytest", "tests/drivers/postgres", *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *("-n", "auto", "--dist", "loadfile", "-m", "not server_side"),
+        "tests/drivers/postgres",
+        *session.posargs,
+    )
 
 
 @nox.session

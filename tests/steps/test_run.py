@@ -244,7 +244,9 @@ class TestUnserializable:
     X_STEP_OUTPUT_UNSERIALIZABLE, terminal."""
 
     @pytest.mark.parametrize(
-        "make", [lambda: 2**80, _cycle, _Cycle, lambda: {"when": object()}], ids=str
+        "make",
+        [lambda: 2**80, _cycle, _Cycle, lambda: {"when": object()}],
+        ids=["big-int", "cycle", "plain-object", "object-in-dict"],
     )
     async def test_terminal(self, make: Any, autojump_clock: Any) -> None:
         after: list[str] = []

@@ -787,7 +787,9 @@ async def test_set_job_driver_outside_open_jobs_sets_its_default() -> None:
         facade_mod._default_driver.clear()
 
 
-@pytest.mark.parametrize("bad", [None, "memory", object(), MemoryDriver], ids=repr)
+@pytest.mark.parametrize(
+    "bad", [None, "memory", object(), MemoryDriver], ids=["None", "str", "object", "class"]
+)
 async def test_set_job_driver_refuses_a_non_driver(bad: Any) -> None:
     with pytest.raises(JobsError) as caught:
         set_job_driver(bad)

@@ -116,6 +116,11 @@ class InvariantBroken(AssertionError):
     """A built-in invariant failed."""
 
 
+class _Violated(Exception):
+    """The run ends at a built-in check's first violation; raised as
+    ``InvariantBroken`` with every violation the checker recorded by then."""
+
+
 # --------------------------------------------------------------------------- the arbiter
 
 
@@ -349,9 +354,13 @@ class _Checker:
         self.violations: list[str] = []
         self.settled: set[tuple[str, Any]] = set()
         self.drained: dict[str, set[str]] = {}
+        #: Called at the first violation: the run ends there (see ``_simulate``).
+        self.on_violation: Callable[[], None] | None = None
 
     def fail(self, message: str) -> None:
         self.violations.append(message)
+        if len(self.violations) == 1 and self.on_violation is not None:
+            self.on_violation()
 
     def on_attempt_move(self, attempt: Attempt, was: Phase, to: Phase) -> None:
         """A worker's attempt changes phase: only the moves of ``_attempt.LEGAL``."""
@@ -998,6 +1007,11 @@ async def _simulate(
 
     arbiter = sim.arbiter
     arbiter.broke = broke
+    # A built-in check's violation is final (nothing after it can undo it): the
+    # run ends at once rather than going on to quiet, which a broken run may
+    # never reach before max_time (an unfenced settle's zombies: 30 virtual
+    # days, minutes of wall time, for a violation seen in the first seconds).
+    sim.checker.on_violation = lambda: broke(_Violated())
     if check == "every-event":
         arbiter.on_grant = check_event
 
@@ -1108,6 +1122,8 @@ async def _simulate(
                     nursery.cancel_scope.cancel()
                 alarms.cancel_scope.cancel()
             stopped.set()
+            if failure and isinstance(failure[0], _Violated):
+                raise InvariantBroken("; ".join(sim.checker.violations))
             if failure:
                 raise failure[0]
             sim.checker.at_rest()

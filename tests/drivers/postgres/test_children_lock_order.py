@@ -7,7 +7,7 @@ write its child rows, and two such statements could lock two parents in
 opposite orders. Now every child notes its wait and the statement's first
 AFTER trigger takes all of them, sorted by id (migration 0018).
 
-Two OS processes (children_load.py) run children of 8 parents with 600
+Two OS processes (lock_stress.py's ``children`` mix) run children of 8 parents with 600
 children each for a few seconds, over shuffled batched acks, burials, retries,
 heartbeats, cancels of parents (their live children with them) and removals
 of waiting children. The server says how many deadlocks it saw (its log on a
@@ -22,11 +22,7 @@ them taken by id it does not.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -40,12 +36,12 @@ from trio_jobs.drivers import ClaimOptions, EnqueueRequest, NackOptions, StepRec
 from trio_jobs.drivers.postgres import migrate, postgres_driver
 from trio_jobs.drivers.postgres._sql import migrations
 
+from . import lock_stress
 from .cluster import Cluster
-from .test_lock_order import deadlocks, explain, own_database
+from .lock_stress import deadlocks, explain, own_database
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.server_side]
 
-LOAD = Path(__file__).with_name("children_load.py")
 PARENTS = 8
 CHILDREN = 600
 SLOTS = 120
@@ -120,42 +116,9 @@ def _setup(dsn: str) -> list[str]:
 
 
 def _stress(dsn: str, tmp: Path) -> list[dict[str, int]]:
+    """Two ``children`` load processes against ``dsn`` for SECONDS; what each did."""
     parents = _setup(dsn)
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)
-    procs: list[subprocess.Popen[bytes]] = []
-    with contextlib.ExitStack() as files:
-        try:
-            for seed in (1, 2):
-                err = files.enter_context((tmp / f"kids{seed}.err").open("wb"))
-                argv = [sys.executable, str(LOAD), dsn, str(SECONDS), str(seed), str(SLOTS)]
-                procs.append(
-                    subprocess.Popen(
-                        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
-                    )
-                )
-            for proc in procs:
-                assert proc.stdin is not None
-                assert proc.stdout is not None
-                proc.stdin.write(orjson.dumps(parents) + b"\n")
-                proc.stdin.flush()
-                assert proc.stdout.readline().strip() == b"ready", (tmp / "kids1.err").read_text()
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write(b"go\n")
-                proc.stdin.flush()
-            did = []
-            for seed, proc in enumerate(procs, start=1):
-                out, _ = proc.communicate(timeout=SECONDS + 60)
-                log = (tmp / f"kids{seed}.err").read_text("utf-8", "replace")
-                assert proc.returncode == 0, log
-                did.append(orjson.loads(out.splitlines()[-1]))
-            return did
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
+    return lock_stress.stress("children", dsn, tmp, SECONDS, SLOTS, orjson.dumps(parents))
 
 
 def _check_busy(did: list[dict[str, int]]) -> None:

@@ -29,7 +29,7 @@ from .pgbouncer import Bouncer
 from .pgbouncer import binary as pgbouncer_binary
 from .test_conformance import TestPostgresConformance
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.server_side]
 
 
 class TestConformanceThroughPgBouncer(TestPostgresConformance):

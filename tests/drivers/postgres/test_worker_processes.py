@@ -82,7 +82,10 @@ class Supervisors(Procs):
                 found.append(event)
         return found
 
-    def wait_events(self, proc: Any, name: str, count: int = 1, timeout: float = 20) -> list[Any]:
+    def wait_events(self, proc: Any, name: str, count: int = 1, timeout: float = 60) -> list[Any]:
+        # 60 s: a supervisor and its children each import the library before they
+        # say anything; on a busy two-core box (the suite on both cores beside
+        # other work) three start-ups took over 20 s. No test here times them.
         deadline = time.monotonic() + timeout
         while len(found := self.events(proc, name)) < count:
             if proc.poll() is not None:
