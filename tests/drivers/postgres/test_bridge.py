@@ -282,12 +282,19 @@ async def test_fetch_text_prepares_once_per_session_only_where_the_pool_prepares
             statement_name(sql).decode()
         ]
         assert [n for n in await _prepared_names(pooled) if n.startswith("trio_jobs_")] == []
-        # a session whose statements were dropped answers the error once, then
-        # prepares again
+        # a session whose statements were dropped (psycopg itself sends
+        # DEALLOCATE ALL when a schema change invalidates its statements)
+        # prepares again and answers, with no error
         await direct.fetch("DEALLOCATE ALL")
-        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
-            await direct.fetch_text(sql, ["2"])
         assert await direct.fetch_text(sql, ["3"]) == [(b"6",)]
+        assert [n for n in await _prepared_names(direct) if n.startswith("trio_jobs_")] == [
+            statement_name(sql).decode()
+        ]
+        # in a transaction the statement goes unnamed: a lost name cannot fail it
+        await direct.fetch("DEALLOCATE ALL")
+        async with direct.transaction() as tx:
+            assert await tx.fetch_text(sql, ["5"]) == [(b"10",)]
+        assert [n for n in await _prepared_names(direct) if n.startswith("trio_jobs_")] == []
     finally:
         await direct.pool.close()
         await pooled.pool.close()

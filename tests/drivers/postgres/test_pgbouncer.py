@@ -239,7 +239,12 @@ async def test_a_pooler_restart_under_load_counts_no_attempt(
             await worker.drain()
     assert await settled_once(pg_dsn, pg_schema) == [("done", 1, n)]
     assert len(events(caplog, "jobs.driver.unavailable")) <= 2  # one an outage
-    assert len(events(caplog, "jobs.claim.failed")) <= 2
+    # A failed claim is logged once a try, and the tries back off (from the 50 ms
+    # poll interval, doubling): an outage of up to 30 s takes at most 11 tries,
+    # where a claim loop without its backoff would log hundreds. How many an
+    # outage takes depends on how long the pooler took to restart (two on a
+    # quiet box, three seen with the suite on both cores).
+    assert len(events(caplog, "jobs.claim.failed")) <= 2 * 11
 
 
 @pytest.mark.parametrize("own_bouncer", [{"server_idle_timeout": "1"}], indirect=True)

@@ -579,23 +579,32 @@ async def _run_text(
     server_encoding = pgconn.parameter_status(b"client_encoding")
     encoding = "utf-8" if server_encoding == b"UTF8" else conn.info.encoding
     values = [None if v is None else v.encode(encoding) for v in params]
-    if prepare:
+    # Inside a transaction block the statement is sent whole (unnamed): a
+    # statement the session lost there would fail the caller's transaction.
+    if prepare and pgconn.transaction_status == _IDLE:
         name = statement_name(sql)
-        if name not in conn.text_prepared:
-            pgconn.send_prepare(name, sql.encode(encoding))
-            _raise_failed(await conn.wait(_results(pgconn)), conn)
-            conn.text_prepared.add(name)
-        pgconn.send_query_prepared(name, values)
+        for again in (False, True):
+            if name not in conn.text_prepared:
+                pgconn.send_prepare(name, sql.encode(encoding))
+                _raise_failed(await conn.wait(_results(pgconn)), conn)
+                conn.text_prepared.add(name)
+            pgconn.send_query_prepared(name, values)
+            results = await conn.wait(_results(pgconn))
+            try:
+                _raise_failed(results, conn)
+            except psycopg.errors.InvalidSqlStatementName:
+                # The session's prepared statements were dropped (psycopg sends
+                # DEALLOCATE ALL when a schema change invalidates its own): the
+                # Bind ran nothing, so prepare again and send it once more.
+                conn.text_prepared.clear()
+                if again:
+                    raise
+                continue
+            break
     else:
         pgconn.send_query_params(sql.encode(encoding), values)
-    results = await conn.wait(_results(pgconn))
-    try:
+        results = await conn.wait(_results(pgconn))
         _raise_failed(results, conn)
-    except psycopg.errors.InvalidSqlStatementName:
-        # Something dropped the session's prepared statements (DEALLOCATE ALL):
-        # prepare again next time.
-        conn.text_prepared.clear()
-        raise
     out: list[TextRow] = []
     for res in results:
         if res.status == _TUPLES_OK:
