@@ -1149,6 +1149,8 @@ class _PgAcks:
 
     async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
         return await self._d._ack_many(acks)
+
+
 def _step_record(r: Sequence[Any]) -> StepRecord:
     return StepRecord(
         name=r[0],
