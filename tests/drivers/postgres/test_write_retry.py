@@ -57,25 +57,31 @@ class Proxy:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, client: trio.SocketStream) -> None:
-        if self.refusing:
-            await client.aclose()
-            return
-        try:
-            server = await trio.open_tcp_stream(self.host, self.server_port)
-        except OSError:
-            await client.aclose()
-            return
-        self.connections += 1
-        with trio.CancelScope() as scope:
-            self._scopes.add(scope)
-            try:
-                async with client, server, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, client, server, False, nursery.cancel_scope)
-                    nursery.start_soon(self._pump, server, client, True, nursery.cancel_scope)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
-            finally:
-                self._scopes.discard(scope)
+        async with client:
+            if self.refusing:
+                return
+            # The scope is known to cut() before the server connection opens: a
+            # connection still opening when the proxy is cut is hung up too (it
+            # used to escape the cut, and a statement then went through).
+            with trio.CancelScope() as scope:
+                self._scopes.add(scope)
+                try:
+                    try:
+                        server = await trio.open_tcp_stream(self.host, self.server_port)
+                    except OSError:
+                        return
+                    async with server:
+                        if self.refusing:
+                            return
+                        self.connections += 1
+                        async with trio.open_nursery() as nursery:
+                            both = nursery.cancel_scope
+                            nursery.start_soon(self._pump, client, server, False, both)
+                            nursery.start_soon(self._pump, server, client, True, both)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+                finally:
+                    self._scopes.discard(scope)
 
     async def _pump(
         self,
