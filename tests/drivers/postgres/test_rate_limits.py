@@ -270,6 +270,16 @@ def test_two_worker_processes_spend_one_budget_and_defer_the_rest_uncounted(
 ) -> None:
     workers = [rate_procs.worker("--concurrency", "4") for _ in range(2)]
     keys = [f"k{i}" for i in range(30)]
+    # Both processes up and claiming before the runs arrive: one that started
+    # late would find the budget spent by the other, and the claim of both
+    # (below) would rest on start-up timing.
+    wait_until(
+        lambda: sql(
+            pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_workers HAVING count(*) >= 2"
+        ),
+        60,
+        "both worker processes to register",
+    )
 
     async def enqueue() -> None:
         async with open_jobs(postgres_driver(dsn), jobs=[rate_jobs.metered]):
