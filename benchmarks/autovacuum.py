@@ -40,16 +40,11 @@ from trio_jobs import JobContext, job, open_jobs
 from trio_jobs.drivers import AckOptions, ClaimOptions
 from trio_jobs.drivers.postgres import postgres_driver
 
+from .big_table import SETTLED_SQL
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "drivers" / "postgres"))
 
-SETTLED_SQL = """
-INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, max_attempts,
-    state, attempts, run_at, created_at, updated_at, result, sensitive)
-SELECT gen_random_uuid(), gen_random_uuid(), 'bench.av', 'default', to_json(g),
-       'settled:' || g, 3, 'done', 1, t, t, t + 0.01, 'null'::json, false
-FROM (SELECT g, %(now)s - 2592000.0 * random() AS t FROM generate_series(1, %(n)s) g) x
-"""
 
 STATS_SQL = """
 SELECT n_dead_tup, n_live_tup, autovacuum_count, pg_total_relation_size(relid)

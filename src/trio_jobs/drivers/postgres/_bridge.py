@@ -58,7 +58,7 @@ import functools
 import hashlib
 import logging
 import select
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -89,6 +89,7 @@ __all__ = [
 logger = logging.getLogger("trio_jobs.postgres")
 
 RV = TypeVar("RV")
+_R = TypeVar("_R")
 Params = Sequence[Any] | Mapping[str, Any] | None
 Row = tuple[Any, ...]
 
@@ -743,25 +744,7 @@ class Database:
         """Run one statement; its rows (none for a statement that returns none)."""
         if self.schema is not None:
             sql = qualify(sql, self.schema)
-        pool = self.pool
-        try:
-            conn = await pool.acquire()
-            try:
-                rows = await _run(conn, sql, params)
-            finally:
-                await pool.release(conn)
-        except psycopg.Error as exc:
-            found = translate(exc)
-            if found is not exc:
-                self._outage(found)
-                raise found from None
-            raise
-        except DriverError as exc:
-            self._outage(exc)
-            raise
-        if self.down_since is not None:
-            self._recovered()
-        return rows
+        return await self._on_pool(lambda conn: _run(conn, sql, params))
 
     async def fetch_text(self, sql: str, params: TextParams) -> list[TextRow]:
         """Run one statement of ``$1``-style placeholders through libpq directly
@@ -769,11 +752,17 @@ class Database:
         each row's columns as text bytes. One round trip, like :meth:`fetch`."""
         if self.schema is not None:
             sql = qualify(sql, self.schema)
+        prepare = self.pool.prepare
+        return await self._on_pool(lambda conn: _run_text(conn, sql, params, prepare=prepare))
+
+    async def _on_pool(self, run: Callable[[TrioConnection], Awaitable[_R]]) -> _R:
+        """``run`` on a pooled connection, its errors translated and an outage
+        noted once (what :meth:`fetch` and :meth:`fetch_text` share)."""
         pool = self.pool
         try:
             conn = await pool.acquire()
             try:
-                rows = await _run_text(conn, sql, params, prepare=pool.prepare)
+                rows = await run(conn)
             finally:
                 await pool.release(conn)
         except psycopg.Error as exc:
