@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
 from trio_jobs.drivers import EnqueueRequest
 from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
@@ -58,10 +59,24 @@ def pgbouncer() -> Iterator[Bouncer]:
     """A PgBouncer in transaction mode in front of ``pg_dsn``'s server, on a free
     port, for this test session (``pgbouncer.py``); skipped, saying why, when
     the binary is not installed (``.ci/run`` installs Debian's)."""
-    if pgbouncer_binary() is None:
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooled-DSN tests")
+    skip_without_bouncer()
     with Bouncer(direct_dsn()) as bouncer:
         yield bouncer
+
+
+def skip_without_bouncer() -> None:
+    """Skip, saying why, where no PgBouncer can front the test server: the binary
+    is missing, or the server is the embedded one, reached by a Unix socket in a
+    folder of this user's that the pooler (run as an unprivileged user) cannot
+    open."""
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooled-DSN tests")
+    host = str(conninfo_to_dict(direct_dsn()).get("host") or "")
+    if not host or host.startswith("/"):
+        pytest.skip(
+            "the test server is reached by a Unix socket (the embedded server): PgBouncer "
+            "cannot reach it; set DATABASE_URL to a TCP server for the pooled-DSN tests"
+        )
 
 
 @pytest.fixture

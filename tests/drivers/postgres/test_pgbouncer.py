@@ -19,14 +19,14 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from psycopg.conninfo import make_conninfo
 
 from trio_jobs import JobContext, JobsError, Worker, job, open_jobs
 from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.testing.conformance import ManualClock, Target
 
-from .conftest import direct_dsn, sql
+from .conftest import direct_dsn, skip_without_bouncer, sql
 from .pgbouncer import Bouncer
-from .pgbouncer import binary as pgbouncer_binary
 from .test_conformance import TestPostgresConformance
 
 pytestmark = [pytest.mark.postgres, pytest.mark.server_side]
@@ -105,7 +105,8 @@ async def test_a_schema_the_database_lacks_is_refused(pgbouncer: Bouncer) -> Non
 
 
 async def test_a_search_path_of_two_schemas_is_refused(pg_dsn: str) -> None:
-    driver = postgres_driver(pg_dsn + "?options=-c%20search_path%3Da,b")
+    # (make_conninfo: the embedded server's DSN carries a query string already)
+    driver = postgres_driver(make_conninfo(pg_dsn, options="-c search_path=a,b"))
     with pytest.raises(JobsError) as caught:
         await driver.open()
     assert caught.value.code == "X_CONFIG_INVALID"
@@ -206,8 +207,7 @@ async def test_without_listen_dsn_the_worker_warns_once_and_polls(
 @pytest.fixture
 def own_bouncer(request: Any) -> Iterator[Bouncer]:
     """A PgBouncer of the test's own (its settings from ``request.param``)."""
-    if pgbouncer_binary() is None:
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooled-DSN tests")
+    skip_without_bouncer()
     with Bouncer(direct_dsn(), settings=getattr(request, "param", None)) as bouncer:
         yield bouncer
 
