@@ -118,13 +118,19 @@ class Sampler:
                 assert row is not None
                 self.samples.append((int(row[0]), int(row[1]), int(row[2])))
                 if row[2]:
-                    for event, text in conn.execute(
-                        "SELECT wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) "
-                        "FROM pg_stat_activity WHERE application_name = %s "
-                        "AND wait_event_type = 'Lock'",
+                    # The table whose row the waiter queues for: a row lock's
+                    # queue is a tuple lock (held by the first waiter, awaited
+                    # by the rest) naming the relation.
+                    for event, table, text in conn.execute(
+                        "SELECT a.wait_event, coalesce((SELECT min(l.relation::regclass::text) "
+                        "FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'tuple'), '?'), "
+                        "left(regexp_replace(a.query, '\\s+', ' ', 'g'), 50) "
+                        "FROM pg_stat_activity a WHERE a.application_name = %s "
+                        "AND a.wait_event_type = 'Lock'",
                         (self.app,),
                     ):
-                        self.waits[f"{event}: {text}"] += 1
+                        table = table.rsplit(".", 1)[-1]
+                        self.waits[f"{event} on a row of {table}: {text}"] += 1
                 self._stop.wait(0.1)
 
 
