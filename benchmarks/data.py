@@ -7,7 +7,8 @@ PostgreSQL's own COPY, side by side in one run.
   psycopg's binary ``COPY ... FROM STDIN`` (``write_row``) in a worker thread. Against:
   ``COPY people FROM STDIN`` of the same file through psycopg.
 - export: the same rows paged by keyset (``where id > %s order by id limit``)
-  into csv parts through ``export_rows``. Against: ``COPY (select ...) TO
+  into csv parts through ``export_rows``, with ``read_ahead=True`` (the source
+  only reads) where the tree has it (``--no-read-ahead``: without). Against: ``COPY (select ...) TO
   STDOUT`` of the same query to a file.
 
 Each phase runs in its own process, so its peak RSS growth (``ru_maxrss``
@@ -197,7 +198,9 @@ def phase_copy_out(rows: int) -> dict[str, Any]:
     return meter.stop()
 
 
-def phase_export(page: int) -> dict[str, Any]:
+def phase_export(page: int, read_ahead: bool = True) -> dict[str, Any]:
+    import inspect
+
     import trio
     from obstore.store import LocalStore
 
@@ -218,7 +221,10 @@ def phase_export(page: int) -> dict[str, Any]:
     async def source(_input: Any, cursor: Any) -> tuple[list[Any], Any]:
         return await trio.to_thread.run_sync(fetch, cursor or 0)
 
+    # A tree without the option (an A/B against an older one) exports without it.
+    ahead = read_ahead and "read_ahead" in inspect.signature(export_rows).parameters
     job = export_rows(
+        **({"read_ahead": True} if ahead else {}),
         name="bench.export",
         idempotency_key=lambda _: "bench",
         source=source,
@@ -236,6 +242,7 @@ def phase_export(page: int) -> dict[str, Any]:
             result.update(meter.stop())
 
     trio.run(main)
+    result["read_ahead"] = ahead
     return result
 
 
@@ -260,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         "--page-bytes", type=int, default=1 << 20, help="bytes per import page (the default)"
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (median)")
+    parser.add_argument(
+        "--no-read-ahead", action="store_true", help="export without read_ahead=True"
+    )
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.phase:
@@ -269,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "copy-in": lambda: phase_copy_in(path),
             "import": lambda: phase_import(path, opts.batch, opts.page_bytes),
             "copy-out": lambda: phase_copy_out(opts.rows),
-            "export": lambda: phase_export(opts.page),
+            "export": lambda: phase_export(opts.page, not opts.no_read_ahead),
         }[name]()
         print(json.dumps(found))
         return 0
@@ -296,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         rounds["cout"].append(_child(["copy-out", "--rows", str(opts.rows)]))
-        rounds["exp"].append(_child(["export", "--page", str(opts.page)]))
+        rounds["exp"].append(
+            _child(
+                ["export", "--page", str(opts.page)]
+                + (["--no-read-ahead"] if opts.no_read_ahead else [])
+            )
+        )
     print(
         "| benchmark | seconds | MB/s | rows/s | peak RSS growth (MB) | ratio to COPY "
         "| CPU µs a row (client + server) |"
@@ -310,7 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         ("COPY FROM STDIN (psycopg)", "cin", "cin"),
         ("import_rows (binary COPY per batch)", "imp", "cin"),
         ("COPY TO STDOUT (psycopg)", "cout", "cout"),
-        ("export_rows (csv parts)", "exp", "cout"),
+        (
+            "export_rows (csv parts, read ahead)"
+            if rounds["exp"][0].get("read_ahead")
+            else "export_rows (csv parts)",
+            "exp",
+            "cout",
+        ),
     ):
         r = median(kind)
         ratios = ", ".join(

@@ -3,6 +3,13 @@
 Page ``n`` is the step ``page:<n>``: it asks ``source(input, cursor)`` for
 ``(rows, next_cursor)``, writes them as ``<prefix>/part-NNNNN.<ext>`` (a whole
 object: a replay of the page overwrites it), and checkpoints the next cursor.
+
+With ``read_ahead=True`` page ``n``'s step, once its source answered, asks a
+task of the export's own for page ``n + 1``'s read (its cursor is known) while
+it renders and writes its part; page ``n + 1``'s step uses that answer (or
+raises what that read raised) if it asks for the same cursor, else reads itself.
+A replayed page ``n + 1`` reads again: nothing read ahead is recorded, written or
+raised outside the step of its page.
 """
 
 from __future__ import annotations
@@ -10,12 +17,15 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
+import math
 from collections.abc import Callable, Mapping
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
+import outcome
+import trio
 
 from ._backfill import MAX_NAME, _items_of
 from ._context import _call
@@ -135,21 +145,25 @@ def _csv_cells(flat: list[Any], width: int) -> None:
             flat[j::width] = [_text_cell(_cell(c)) for c in col]
 
 
-def _joined(flat: list[Any], width: int, count: int) -> str | None:
-    """The page's lines, its cells joined with ``,`` in one formatting call:
-    what the csv module writes when no cell needs quoting. ``None`` where one
-    does (a cell holding ``,``, ``"``, a line end; a line of one empty cell,
-    which it writes ``""``)."""
+def _joined(flat: list[Any], width: int, count: int, head: str = "") -> str | None:
+    """``head`` and the page's lines, its cells joined with ``,`` in one
+    formatting call: what the csv module writes when no cell needs quoting.
+    ``None`` where one does (a cell holding ``,``, ``"``, a line end; a line of
+    one empty cell, which it writes ``""``)."""
     if width == 1 and "" in flat:
         return None
-    text = ((",".join(["%s"] * width) + "\n") * count) % tuple(flat)
+    # ``head`` goes into the format (a ``%`` in it doubled): the page's text is
+    # made once, not made and then copied behind its header.
+    line = ",".join(["%s"] * width) + "\n"
+    text = (head.replace("%", "%%") + line * count) % tuple(flat)
     # A number never holds one of these: the text cells hold none when the
     # page has exactly a row's separators a row (four scans in C).
+    at = len(head)
     if (
-        text.count(",") != (width - 1) * count
-        or text.count("\n") != count
-        or '"' in text
-        or "\r" in text
+        text.count(",", at) != (width - 1) * count
+        or text.count("\n", at) != count
+        or text.find('"', at) >= 0
+        or text.find("\r", at) >= 0
     ):
         return None
     return text
@@ -169,9 +183,10 @@ def render(fmt: str, columns: tuple[str, ...], rows: list[Any], name: str) -> by
             width = len(columns)
             flat = _flat(rows, columns, name)
             _csv_cells(flat, width)
-            text = _joined(flat, width, len(rows))
+            text = _joined(flat, width, len(rows), out.getvalue())
             if text is not None:
-                return (out.getvalue() + text).encode("utf-8")
+                del flat
+                return text.encode("utf-8")
             writer.writerows(flat[i : i + width] for i in range(0, len(flat), width))
         return out.getvalue().encode("utf-8")
     dumps = orjson.dumps
@@ -201,6 +216,7 @@ def export_rows(
     concurrency: int | Concurrency | None = None,
     step_timeout: Duration | None = None,
     on_settled: Callable[[Settled], Any] | None = None,
+    read_ahead: Any = False,
     **unknown: Any,
 ) -> Job[Any, dict[str, Any]]:
     """Declare an export: a job that writes a paged read to object storage.
@@ -216,6 +232,14 @@ def export_rows(
     with ``=``, ``+``, ``-`` or ``@`` is prefixed with ``'`` (a spreadsheet
     would run it as a formula). The run's result is ``{"pages": n, "rows": n,
     "prefix": str}``.
+
+    ``read_ahead=True`` (an addition to the spec, off by default) calls
+    ``source`` for page ``n + 1`` while page ``n`` renders and writes its part,
+    so the database's query overlaps the client's work. Page ``n + 1``'s step
+    uses the answer (a replayed page reads again); the read itself runs before
+    page ``n`` is recorded. Turn it on only for a source that just reads (a
+    keyset query): never for one that claims, marks or deletes rows as it reads
+    them. One more page of rows is held in memory.
 
     Every argument is a keyword; the others are as for :func:`~trio_jobs.job`.
     A bad declaration is ``X_JOB_DECLARATION_INVALID`` naming every fault.
@@ -245,6 +269,8 @@ def export_rows(
     if format not in _EXT:
         faults.append('format must be "csv" or "ndjson"')
     cols = _check_column_list(columns, faults)
+    if type(read_ahead) is not bool:
+        faults.append("read_ahead must be True or False")
     return _declare(
         "export_rows",
         "export",
@@ -260,8 +286,75 @@ def export_rows(
             step_timeout=step_timeout,
             on_settled=on_settled,
         ),
-        lambda job_name: _body(job_name, source, sink, prefix, format, cols),
+        lambda job_name: _body(job_name, source, sink, prefix, format, cols, read_ahead is True),
     )
+
+
+class _Ask:
+    """One read asked ahead: its cursor, and its outcome once ``done`` is set."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+        self.started = trio.Event()
+        self.done = trio.Event()
+        self.scope = trio.CancelScope()
+        self.result: outcome.Outcome[Any] | None = None
+
+
+class _Ahead:
+    """The export's read-ahead: a task of the export's nursery (started outside
+    any step, so a read carries no step's context) that runs ``read(cursor)``
+    when a page asks for the next one. :meth:`take` answers a page's read: the
+    one asked ahead when its cursor is the page's, else a read of its own."""
+
+    def __init__(self, nursery: trio.Nursery, read: Callable[[Any], Any]) -> None:
+        self._read = read
+        self._ask: _Ask | None = None
+        # Unbounded, and served in order: a read asked and dropped ends (or is
+        # skipped) before the next one starts, so the source never runs twice at once.
+        self._send, recv = trio.open_memory_channel[_Ask](math.inf)
+        nursery.start_soon(self._serve, recv)
+
+    async def _serve(self, recv: trio.MemoryReceiveChannel[_Ask]) -> None:
+        async for ask in recv:
+            ask.started.set()
+            if ask.scope.cancel_called:
+                ask.done.set()
+                continue
+            with ask.scope:
+                try:
+                    ask.result = outcome.Value(await self._read(ask.cursor))
+                except Exception as exc:  # raised by the step of the page it is for
+                    ask.result = outcome.Error(exc)
+            ask.done.set()
+
+    def _drop(self) -> None:
+        if self._ask is not None:
+            self._ask.scope.cancel()
+            self._ask = None
+
+    async def ask(self, cursor: Any) -> None:
+        """Start reading the page at ``cursor`` (dropping a read asked before).
+        Answers once the read is under way: the serving task runs from
+        ``started`` into the source without a pause until the source waits
+        (on its thread or its socket), so a page's render that follows runs
+        while the database answers."""
+        self._drop()
+        self._ask = ask = _Ask(cursor)
+        self._send.send_nowait(ask)
+        await ask.started.wait()
+
+    async def take(self, cursor: Any) -> Any:
+        """Page ``cursor``'s source answer (raising what its read raised)."""
+        ask, self._ask = self._ask, None
+        if ask is None or ask.cursor != cursor:
+            if ask is not None:
+                ask.scope.cancel()
+                await ask.done.wait()  # never two reads at once
+            return await self._read(cursor)
+        await ask.done.wait()
+        assert ask.result is not None
+        return ask.result.unwrap()
 
 
 def _body(
@@ -271,8 +364,28 @@ def _body(
     prefix: str | Callable[[Any], Any],
     fmt: str,
     columns: tuple[str, ...],
+    read_ahead: bool,
 ) -> Callable[[JobContext[Any]], Any]:
     async def run_export(ctx: JobContext[Any]) -> dict[str, Any]:
+        if not read_ahead:
+            return await run_pages(ctx, None)
+        failure: BaseException | None = None
+        answer: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+
+            async def read(cursor: Any) -> Any:
+                return await _call(source, ctx.input, cursor)
+
+            try:
+                answer = await run_pages(ctx, _Ahead(nursery, read))
+            except BaseException as exc:  # raised past the nursery, never in a group
+                failure = exc
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return answer
+
+    async def run_pages(ctx: JobContext[Any], ahead: _Ahead | None) -> dict[str, Any]:
         store = await _call(sink, ctx.input)
         base = await _resolve_prefix(prefix, ctx.input, "prefix")
         cursor: Any = None
@@ -282,7 +395,12 @@ def _body(
             number = pages + 1
 
             async def page(number: int = number, cursor: Any = cursor, before: int = rows) -> Any:
-                found, nxt = _items_of(name, await _call(source, ctx.input, cursor))
+                if ahead is None:
+                    answer = await _call(source, ctx.input, cursor)
+                else:
+                    answer = await ahead.take(cursor)
+                found, nxt = _items_of(name, answer)
+                del answer  # the source's own list: only ``found`` holds the rows now
                 nxt = payload_form(
                     nxt,
                     what=f"export {name!r}: the cursor source answered",
@@ -295,10 +413,14 @@ def _body(
                         "the export would never end (answer where the next page starts, "
                         "or None after the last page)",
                     )
+                if ahead is not None and nxt is not None:
+                    await ahead.ask(nxt)  # page n + 1 is read while this page is written
+                count = len(found)
                 body = render(fmt, columns, found, name)
+                del found  # the rows are not held while the part is written
                 part = f"part-{number:05d}.{_EXT[fmt]}"
                 await put(store, f"{base}/{part}" if base else part, body)
-                return {"cursor": nxt, "rows": before + len(found)}
+                return {"cursor": nxt, "rows": before + count}
 
             out = await ctx.step.run(f"{PAGE_STEP_PREFIX}{number}", page)
             pages = number

@@ -649,22 +649,24 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                 end = len(data) if last else record_end(data)
                 if end < 0:
                     raise _too_large(spec, offset, line)
-            region = data[:end]
-            skip = len(_BOM) if offset == 0 and region.startswith(_BOM) else 0
-            body = region[skip:]
-            # A csv page decodes whole (one call, not one a record); a page with a
-            # byte that is not UTF-8 is read record by record, to refuse that one.
-            text = _decode(body) if spec.format == "csv" else None
+            # The page's records are data[skip:end]: read in place, not copied out.
+            skip = len(_BOM) if offset == 0 and data.startswith(_BOM, 0, end) else 0
+            # A csv page decodes whole (one call, not one a record, from the read's
+            # own buffer); a page with a byte that is not UTF-8 is read record by
+            # record, to refuse that one.
+            text = _decode(memoryview(data)[skip:end]) if spec.format == "csv" else None
+            body = data[skip:end] if text is None else b""
             records, starts, unclosed = _records(body if text is None else text, spec.format)
-            if len(region) > spec.max_record_bytes:
-                # A character is at most 4 bytes: a shorter text record is short enough.
-                chars = spec.max_record_bytes // 4 if text is not None else spec.max_record_bytes
+            # A character is at most 4 bytes: a shorter text record is short enough.
+            chars = spec.max_record_bytes // 4 if text is not None else spec.max_record_bytes
+            if end > spec.max_record_bytes and max(map(len, records), default=0) > chars:
                 for i, record in enumerate(records):
                     if len(record) > chars and (
                         text is None or len(record.encode()) > spec.max_record_bytes
                     ):
                         at = starts[i] if starts is not None else i
-                        before = sum(len(x) + 1 for x in body.split(b"\n")[:at])
+                        lines = data[skip:end].split(b"\n")[:at]
+                        before = sum(len(x) + 1 for x in lines)
                         raise _too_large(spec, offset + skip + before, line + at)
             header = prev["header"]
             if spec.format == "csv":
@@ -682,7 +684,7 @@ def _body(spec: _Spec) -> Callable[[JobContext[Any]], Any]:
                 await _ndjson_page(work, records, starts, line)
             return {
                 "offset": offset + end,
-                "line": line + region.count(b"\n"),
+                "line": line + data.count(b"\n", 0, end),
                 "refused": prev["refused"] + len(work.refused),
                 "header": header,
                 "size": pinned.size,
@@ -780,9 +782,9 @@ def _header_mismatch(spec: _Spec, why: str, **meta: Any) -> JobsError:
     )
 
 
-def _decode(record: bytes) -> str | None:
+def _decode(record: bytes | memoryview) -> str | None:
     try:
-        return record.decode("utf-8")
+        return str(record, "utf-8")
     except UnicodeDecodeError:
         return None
 

@@ -224,3 +224,121 @@ def test_a_page_renders_each_cell_as_the_one_cell_rule_does(rows: list[tuple[Any
     writer.writerow(columns)
     writer.writerows([_cell(v) for v in row] for row in rows)
     assert render("csv", columns, rows, "x") == expected.getvalue().encode()
+
+
+_NEVER = object()
+
+
+def _logged(log: list[Any], size: int = 2, fail_once: Any = _NEVER) -> Any:
+    """A keyset source over ROWS logging each read (``fail_once``: the cursor
+    whose first read raises)."""
+    failed: list[Any] = []
+
+    async def source(_input: Load, cursor: Any) -> tuple[list[Any], Any]:
+        log.append(("read", cursor))
+        if cursor == fail_once and not failed:
+            failed.append(cursor)
+            raise RuntimeError("the database went away")
+        at = 0 if cursor is None else cursor
+        nxt = at + size
+        return ROWS[at:nxt], (nxt if nxt < len(ROWS) else None)
+
+    return source
+
+
+def _slow_writes(monkeypatch: pytest.MonkeyPatch, log: list[Any]) -> None:
+    """The export's writes take a (virtual) second each, then are logged: the
+    real store is written."""
+    import trio
+
+    import trio_jobs._export_rows as export_module
+
+    real = export_module.put
+
+    async def put_slowly(store: Any, key: str, data: bytes) -> None:
+        await trio.sleep(1)
+        await real(store, key, data)
+        log.append(("wrote", key.rsplit("/", 1)[-1]))
+
+    monkeypatch.setattr(export_module, "put", put_slowly)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+async def test_read_ahead_reads_page_n_plus_1_while_page_n_is_written(
+    ahead: bool, monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    log: list[Any] = []
+    _slow_writes(monkeypatch, log)
+    store = MemoryStore()
+    job = make_export(store, source=_logged(log), read_ahead=ahead)
+    async with open_harness(jobs=[job]) as h:
+        trace = await h.run(job, Load("a"))
+    assert trace.result == {"pages": 3, "rows": 5, "prefix": "out/a"}
+    if ahead:
+        # Page 2's rows are read while page 1's part is written, and so on;
+        # each page's read once, none after the last.
+        assert log == [
+            ("read", None),
+            ("read", 2),
+            ("wrote", "part-00001.csv"),
+            ("read", 4),
+            ("wrote", "part-00002.csv"),
+            ("wrote", "part-00003.csv"),
+        ]
+    else:
+        assert log == [
+            ("read", None),
+            ("wrote", "part-00001.csv"),
+            ("read", 2),
+            ("wrote", "part-00002.csv"),
+            ("read", 4),
+            ("wrote", "part-00003.csv"),
+        ]
+    plain = MemoryStore()
+    async with open_harness(jobs=[reference := make_export(plain)]) as h:
+        await h.run(reference, Load("a"))
+    assert {k: read(store, k) for k in listing(store, "out")} == {
+        k: read(plain, k) for k in listing(plain, "out")
+    }
+
+
+async def test_a_read_ahead_that_fails_fails_the_page_it_was_read_for(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    """Page 2's read, run while page 1 was written, raises: page 1 is still
+    recorded, page 2's step fails with the error, and the retry reads page 2
+    again (the failed read is not used)."""
+    log: list[Any] = []
+    _slow_writes(monkeypatch, log)
+    store = MemoryStore()
+    job = make_export(store, source=_logged(log, fail_once=2), read_ahead=True)
+    async with open_harness(jobs=[job]) as h:
+        trace = await h.run(job, Load("f"))
+    assert trace.state == "done", trace.last_error
+    assert trace.attempts == 2
+    assert trace.steps["page:1"].executions == 1
+    assert trace.steps["page:2"].executions == 2
+    assert log[:3] == [("read", None), ("read", 2), ("wrote", "part-00001.csv")]
+    assert log[3:5] == [("read", 2), ("read", 4)]  # attempt 2: page 1 replayed, not read
+    assert listing(store, "out/f") == [f"out/f/part-0000{n}.csv" for n in (1, 2, 3)]
+
+
+async def test_an_export_reading_ahead_killed_at_every_boundary_writes_the_same_parts(
+    autojump_clock: Any,
+) -> None:
+    store = MemoryStore()
+    log: list[Any] = []
+    job = make_export(store, source=_logged(log), read_ahead=True)
+    report = await crash_proof(
+        job, Load("k"), observe=lambda: {k: read(store, k) for k in listing(store, "out/k")}
+    )
+    assert report.boundaries == 3 * 3 + 1
+    assert sorted(report.reference) == [f"out/k/part-0000{n}.csv" for n in (1, 2, 3)]
+    assert read(store, "out/k/part-00002.csv").startswith(b"id,text,n,extra\n3,")
+
+
+def test_read_ahead_must_be_a_bool() -> None:
+    with pytest.raises(JobsError) as caught:
+        make_export(MemoryStore(), read_ahead="yes")
+    assert caught.value.code == ErrorCode.X_JOB_DECLARATION_INVALID
+    assert "read_ahead must be True or False" in caught.value.message
