@@ -42,6 +42,12 @@ from trio_jobs.drivers.postgres import postgres_driver
 from .big_table import READY_SQL, _sql
 
 
+def _which(text: str) -> str:
+    """The driver's statement a prepared statement's text is (by a CTE only it has)."""
+    marks = {"AS due": "claim_ready", "reoffered AS": "claim", "hit AS": "ack_many"}
+    return next((name for mark, name in marks.items() if mark in text), "other")
+
+
 def _cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
@@ -90,7 +96,7 @@ async def _explain(dsn: str, schema: str, driver: Any, size: int, wid: str) -> N
             "lapsed_line": "lapsed",
             "registry_ttl": None,
         }
-        for name, params in (("claim", claim_params),):
+        for name, params in (("claim_ready", claim_params), ("claim", claim_params)):
             cur = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, WAL, VERBOSE OFF) " + query(name), params
             )
@@ -155,11 +161,12 @@ async def _main(opts: argparse.Namespace, dsn: str) -> None:
                     flush=True,
                 )
         plans = await driver.db.fetch(
-            "SELECT generic_plans, custom_plans, left(regexp_replace(statement, '\\s+', ' ', 'g'), 60)"
-            " FROM pg_prepared_statements ORDER BY 2 DESC"
+            "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements"
+            " ORDER BY 2 DESC"
         )
         for g, c, text in plans:
-            print(f"prepared: generic {g}, custom {c}: {text}")
+            name = _which(text)
+            print(f"prepared {name}: generic plans {g}, custom plans {c}")
         floor: list[int] = []
         for _ in range(opts.statements):
             c0 = _cpu_ns(pid)
