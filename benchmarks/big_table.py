@@ -108,7 +108,7 @@ async def _explain_claim(driver: PostgresDriver, dsn: str, schema: str) -> str:
     inner = driver.db.fetch
 
     async def fetch(sql: str, params: Any = None) -> Any:
-        if "sql" not in captured and sql == query("claim"):
+        if "sql" not in captured and sql in (query("claim_ready"), query("claim")):
             captured.update(sql=sql, params=params)
         return await inner(sql, params)
 

@@ -19,6 +19,9 @@ jobs/s it reports:
 * the server's CPU share: CPU seconds of every PostgreSQL process on this
   machine over the run, over the CPU seconds the whole machine spent (from
   ``/proc``; the box is shared, so other work is in both);
+* the run's own backends' CPU per job: the same, over the backends whose
+  ``application_name`` is the run's (read at the end of the run; a backend that
+  exited before is lost);
 * WAL bytes per job: ``pg_current_wal_lsn()`` before and after, over the jobs
   (server-wide: another database's writes on a shared server count too).
 
@@ -134,6 +137,18 @@ class Sampler:
                 self._stop.wait(0.1)
 
 
+def _own_backends(dsn: str, app: str) -> list[int]:
+    """The pids of the run's own backends (its workers' application_name): their
+    CPU alone is the run's, where the whole server's counts the neighbours' too."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,)
+            )
+        ]
+
+
 async def _prepare(dsn: str, n: int) -> None:
     async with open_jobs(postgres_driver(dsn, pool_size=2), jobs=[fleet_noop]) as jobs:
         await jobs.pause_queue("default")
@@ -218,6 +233,7 @@ def run_one(
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn0[0],)
                     ).fetchone()
                 pg1, box1 = _cpu_ticks()
+                own = _own_backends(server.dsn_for(dbname), app)
         finally:
             proc.terminate()
             try:
@@ -246,6 +262,9 @@ def run_one(
             "active_median": statistics.median([r[1] for r in rows]) if rows else 0,
             "server_cpu_share": _pg_cpu(pg0, pg1) / max(1e-9, box1 - box0),
             "server_cpu_us_per_job": _pg_cpu(pg0, pg1) / n * 1e6,
+            "own_cpu_us_per_job": sum(pg1.get(pid, 0.0) - pg0.get(pid, 0.0) for pid in own)
+            / n
+            * 1e6,
             "waits": sampler.waits.most_common(3),
             "wal_bytes_per_job": float(wal[0]) / n if wal else float("nan"),
         }
@@ -275,9 +294,9 @@ def main(argv: Sequence[str]) -> int:
     print(
         "| processes | jobs/s | claim p50 ms | claim p99 ms | lock waits max (share) "
         "| connections max | pool max/process | server CPU share | server CPU us/job "
-        "| WAL bytes/job |"
+        "| own backends' CPU us/job | WAL bytes/job |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     waits: list[tuple[int, list[tuple[str, int]]]] = []
     try:
         for p in [int(x) for x in opts.processes.split(",")]:
@@ -286,7 +305,8 @@ def main(argv: Sequence[str]) -> int:
                 f"| {p} | {r['jobs_per_s']:,.0f} | {r['claim_p50_ms']:.2f} | "
                 f"{r['claim_p99_ms']:.2f} | {r['lock_waits_max']} ({r['lock_wait_samples']:.0%}) "
                 f"| {r['connections_max']} | {r['pool_max']} | {r['server_cpu_share']:.0%} | "
-                f"{r['server_cpu_us_per_job']:,.0f} | {r['wal_bytes_per_job']:,.0f} |",
+                f"{r['server_cpu_us_per_job']:,.0f} | {r['own_cpu_us_per_job']:,.0f} | "
+                f"{r['wal_bytes_per_job']:,.0f} |",
                 flush=True,
             )
             waits.append((p, r["waits"]))

@@ -325,6 +325,9 @@ async def _enqueue_all(handle: Any, n: int) -> None:
 #: the PostgreSQL backends serving its database (read from /proc when the
 #: server runs on this machine; None otherwise).
 LAST_CPU: dict[str, float | None] = {"worker": None, "server": None}
+#: The same for the last graphile-worker processes run (``gw_processes``): the
+#: PostgreSQL backends serving its pools, from the go until no job row is left.
+LAST_GW_CPU: dict[str, float | None] = {"server": None}
 
 
 def _backend_cpu(server: Server, dbname: str) -> dict[int, float] | None:
@@ -408,14 +411,25 @@ async def _tj_resume(dsn: str) -> None:
         await jobs.resume_queue("default")
 
 
-def _poll(dsn: str, sql: str, done: Callable[[int], bool], timeout: float = 600) -> float:
-    """Run ``sql`` (one count) every 5 ms until ``done(count)``; answer when (perf_counter)."""
+def _poll(
+    dsn: str,
+    sql: str,
+    done: Callable[[int], bool],
+    timeout: float = 600,
+    *,
+    at_end: Callable[[int], None] | None = None,
+) -> float:
+    """Run ``sql`` (one count) every 5 ms until ``done(count)``; answer when (perf_counter).
+    ``at_end(pid)``, when given, is called once done, with the poll's own backend pid
+    (a CPU reading taken there can leave the poll out)."""
     deadline = time.perf_counter() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             row = conn.execute(sql).fetchone()
             now = time.perf_counter()
             if done(int(row[0] if row and row[0] is not None else 0)):
+                if at_end is not None:
+                    at_end(conn.info.backend_pid)
                 return now
             if now > deadline:
                 raise RuntimeError(f"timed out polling {sql!r}")
@@ -830,6 +844,15 @@ def gw_processes(
                 line = p.stdout.readline()
                 if b"ready" not in line:
                     raise RuntimeError(f"graphile-worker did not start: {line!r}")
+            before = _backend_cpu(server, dbname)
+            after: dict[int, float] | None = None
+            poller: list[int] = []
+
+            def at_end(pid: int) -> None:
+                nonlocal after
+                poller.append(pid)
+                after = _backend_cpu(server, dbname)
+
             started = time.perf_counter()
             for p in procs:
                 assert p.stdin is not None
@@ -839,6 +862,15 @@ def gw_processes(
                 server.dsn_for(dbname),
                 f'SELECT count(*) FROM "{schema}"._private_jobs',
                 lambda left: left == 0,
+                at_end=at_end,
+            )
+            # graphile-worker's backends, the poll's own left out
+            LAST_GW_CPU["server"] = (
+                sum(v - before.get(pid, 0.0) for pid, v in after.items() if pid not in poller)
+                / n
+                * 1e6
+                if before is not None and after is not None
+                else None
             )
         finally:
             for p in procs:
@@ -983,7 +1015,9 @@ class Bench:
                             PROC_GW_CONCURRENCY,
                         )
                     )
-                    self.log(f"graphile-worker x{PROCESSES}: {gw[-1]:,.0f} jobs/s")
+                    gcpu = LAST_GW_CPU["server"]
+                    note = f" (PostgreSQL {gcpu:.0f} µs CPU/job)" if gcpu is not None else ""
+                    self.log(f"graphile-worker x{PROCESSES}: {gw[-1]:,.0f} jobs/s{note}")
         if tj:
             self.add(
                 Sample(

@@ -255,6 +255,36 @@ async def test_the_claim_buries_a_final_lapse_and_counts_it(
     assert sum(r.dead for r in rows) == 1
 
 
+async def test_a_claim_with_no_lapsed_lease_is_one_small_statement_and_a_lapse_still_reaps(
+    clocked: PostgresDriver, clock: FakeClock
+) -> None:
+    d = clocked
+    from trio_jobs.drivers.postgres._sql import query
+
+    await d.enqueue_many([req("first", priority=0), req("second", priority=5)])
+    seen = _count_statements(d)
+    first = (await d.claim(ClaimOptions("w1", {"default": 1}, 30.0))).jobs
+    # nothing had lapsed: the statement without the reap, alone
+    assert seen == [query("claim_ready")]
+    assert [j.idempotency_key for j in first] == ["first"]
+    clock.advance(31.0)
+    seen.clear()
+    # the first row's lease lapsed: the small statement takes nothing and the
+    # reaping claim runs in the same call, taking the lapsed row back ahead of
+    # the waiting one (due at its lapse, and of a better priority)
+    again = await d.claim(ClaimOptions("w2", {"default": 1}, 30.0))
+    assert seen == [query("claim_ready"), query("claim")]
+    assert [(j.id, j.attempt, j.lapsed) for j in again.jobs] == [(first[0].id, 2, True)]
+    assert not again.exhausted
+    # and the old holder's ack is refused (fenced), the new holder's lands
+    assert not await d.ack(first[0].id, AckOptions(fence=first[0].fence))
+    assert await d.ack(first[0].id, AckOptions(fence=again.jobs[0].fence))
+    seen.clear()
+    second = (await d.claim(ClaimOptions("w2", {"default": 5}, 30.0))).jobs
+    assert seen == [query("claim_ready")]
+    assert [j.idempotency_key for j in second] == ["second"]
+
+
 async def test_step_puts_from_many_slots_share_commits(driver: PostgresDriver) -> None:
     d = driver
     await d.enqueue_many([req(f"s{i}") for i in range(20)])

@@ -189,6 +189,104 @@ SELECT live.id::text, live.run_id::text, true, NULL FROM live
 UNION ALL
 SELECT settled.id::text, settled.run_id::text, true, NULL FROM settled;
 
+-- name: claim_ready
+-- The claim's common case, one statement: no lease has lapsed, so nothing is
+-- reaped, and the waiting rows are taken as `claim` takes them (the same
+-- order, the same SKIP LOCKED, the same columns answered). What it leaves out
+-- is what `claim` runs for lapsed leases whether or not there are any (the
+-- reoffer, the burial, their lease deletes and counters: four writing CTEs the
+-- executor sets up on every call, ~20% of a small claim's server CPU,
+-- benchmarks/README.md). When a lease has lapsed by `now` (one probe of the
+-- lease index) it takes nothing and answers a 'reap' row, and the driver sends
+-- `claim` at once: a lapsed row is still reaped by the first claim after its
+-- lapse, and may be taken by it, as before.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+reap AS (
+    SELECT EXISTS (
+        SELECT 1 FROM trio_jobs_jobs j
+        WHERE j.state = 'running' AND j.lease_expires_at <= (SELECT now FROM n)
+    ) AS due
+),
+want AS (
+    SELECT w.queue, w.take, w.ord
+    FROM unnest(%(queues)s::text[], %(takes)s::int[]) WITH ORDINALITY AS w(queue, take, ord)
+    WHERE w.take > 0 AND NOT (SELECT due FROM reap)
+      AND NOT EXISTS (SELECT 1 FROM trio_jobs_queue_pauses p WHERE p.queue = w.queue)
+),
+waiting AS (
+    SELECT c.*, want.ord AS qord
+    FROM want
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.seq, j.promoted, j.lapsed
+        FROM trio_jobs_jobs j
+        WHERE j.queue = want.queue
+          AND j.state IN ('ready', 'delayed', 'suspended')
+          AND j.run_at <= (SELECT now FROM n)
+        ORDER BY j.priority, j.run_at, j.seq
+        LIMIT want.take
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ) c
+),
+-- numbered as `claim` numbers its picks (and the join below is then planned
+-- as the few rows it is: a nested loop by primary key, not a hash of the table)
+pick AS (
+    SELECT c.* FROM (
+        SELECT w.*, row_number() OVER (PARTITION BY w.qord ORDER BY w.priority, w.run_at, w.seq) AS rn
+        FROM waiting w
+    ) c
+    JOIN want ON want.ord = c.qord
+    WHERE c.rn <= want.take
+),
+-- a waiting row is never running, so no open attempt entry is pushed here
+claimed AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'running',
+        attempts = j.attempts + 1,
+        worker_id = %(worker_id)s,
+        claim = nextval('trio_jobs_claim_seq'),
+        lease_expires_at = n.now + %(visibility)s,
+        updated_at = n.now,
+        waiting_event = NULL,
+        busy_key = NULL,
+        promoted = false,
+        lapsed = false,
+        attempt_at = n.now, attempt_worker = %(worker_id)s, attempt_step = NULL,
+        attempt_step_at = NULL
+    FROM pick p, n
+    WHERE j.id = p.id
+    RETURNING j.id, j.run_id, j.name, j.queue, j.payload, j.tenant_id, j.idempotency_key,
+        j.concurrency_key, j.attempts, j.max_attempts, j.worker_id, j.claim, j.created_at,
+        j.run_at, j.lease_expires_at, j.actor, j.trace_context, p.promoted, p.lapsed,
+        p.qord, p.rn
+),
+seen AS (
+    UPDATE trio_jobs_workers w SET
+        last_heartbeat = n.now, expires_at = n.now + %(registry_ttl)s::float8
+    FROM n
+    WHERE w.id = %(worker_id)s AND %(registry_ttl)s::float8 IS NOT NULL
+      AND w.expires_at > n.now
+    RETURNING w.id
+)
+SELECT 'job' AS kind, c.id::text, c.run_id::text, c.name, c.queue, c.payload, c.tenant_id,
+    c.idempotency_key, c.concurrency_key, c.attempts, c.max_attempts, c.worker_id, c.claim,
+    c.created_at, c.run_at, c.lease_expires_at, c.actor, c.trace_context, c.promoted, c.lapsed,
+    NULL AS state, NULL AS error_code, NULL AS last_error, c.qord, c.rn,
+    coalesce((
+        SELECT json_agg(json_build_array(s.name, s.status, s.seq, s.executions, s.output,
+            s.error, s.error_code, s.wake_at, s.event, s.since, s.deadline, s.started_at,
+            s.ended_at) ORDER BY s.seq)
+        FROM trio_jobs_steps s WHERE s.job_id = c.id), '[]'::json) AS steps
+FROM claimed c
+UNION ALL
+SELECT 'seen', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM seen
+UNION ALL
+SELECT 'reap', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM reap WHERE reap.due
+ORDER BY 1 DESC, 24, 25;
+
 -- name: claim
 -- One pass of a worker: up to `takes[k]` rows of `queues[k]` (unpaused queues
 -- only), best first by (priority, run_at, seq), locked with SKIP LOCKED so
@@ -412,7 +510,10 @@ counted AS (
         SET done = c.done + excluded.done, duration = c.duration + excluded.duration,
             queue = excluded.queue
 )
-SELECT ord, CASE WHEN EXISTS (SELECT 1 FROM freed f WHERE f.job_id = hit.id) THEN queue END
+-- `IN`, not a correlated EXISTS: one hashed pass over `freed`, where EXISTS
+-- scanned it again for every landed row (500 acks holding a lease each: 28.8 ->
+-- 20.3 ms of server CPU, benchmarks/README.md)
+SELECT ord, CASE WHEN hit.id IN (SELECT f.job_id FROM freed f) THEN queue END
 FROM hit
 UNION ALL
 SELECT ord, NULL FROM again;
