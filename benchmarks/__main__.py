@@ -39,6 +39,7 @@ SUITES: dict[str, str] = {
     "big-table": "benchmarks.big_table",
     "autovacuum": "benchmarks.autovacuum",
     "prepared": "benchmarks.prepared",
+    "enqueue-cpu": "benchmarks.enqueue_cpu",
 }
 
 
