@@ -8,6 +8,8 @@ facade (which re-exports :class:`Actor`): it finds the facade through
 
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -178,6 +180,7 @@ def _run_id(value: object) -> str:
 
 
 _INT_MIN = -(2**63)
+_is_none = functools.partial(operator.is_, None)
 _INT_LIMIT = 2**64
 
 
@@ -445,6 +448,46 @@ def stage_requests(
     tenant_of = handle.tenant_of if handle.tenant != "none" else None
     tenancy = tenant_id is not None or explicit_actor or confined is not None
     actor_json = actor_obj.to_json() if actor_obj is not None else None
+    if (
+        fresh is not None
+        and native is not None
+        and ckey_for is None
+        and tenant_of is None
+        and not tenancy
+        and all(map(_is_none, run_ids))
+    ):
+        # The common batch (enqueue_many of JSON-native inputs: no run ids, no
+        # concurrency key, no tenant rule): the same rows, without asking each
+        # row the questions whose answer is the same for all of them.
+        for raw, job_id, run_id in zip(inputs, fresh[0::2], fresh[1::2], strict=True):
+            if type(raw) is native and (
+                native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
+            ):
+                value = payload = raw
+            else:
+                value, payload = _value_payload(handle, raw, native)
+            append(
+                EnqueueRequest(
+                    id=job_id,
+                    run_id=run_id,
+                    name=name,
+                    queue=queue,
+                    payload=payload,
+                    idempotency_key=key_for(value),
+                    max_attempts=max_attempts,
+                    tenant_id=None,
+                    concurrency_key=None,
+                    priority=priority,
+                    run_at=run_at_s,
+                    delay=delay_s,
+                    actor=actor_json,
+                    trace_context=trace_context,
+                    sensitive=sensitive,
+                    debounce=debounce,
+                    unique_for=unique_for,
+                )
+            )
+        return requests
     for index, raw in enumerate(inputs):
         rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
         if native is not None and type(raw) is native:

@@ -256,3 +256,38 @@ def test_a_seeded_pair_is_the_next_two_ids_of_the_stream() -> None:
     a, b = UuidSource(9), UuidSource(9)
     assert a.new_pair() == (b.new_id(), b.new_id())
     assert a.new_ids(3) == [b.new_id(), b.new_id(), b.new_id()]
+
+
+@pytest.mark.parametrize(
+    ("handle", "inputs"),
+    [
+        ("plain", [1, 2, -(2**63), 2**64 - 1, 5]),
+        ("texts", ["a", "é", ""]),
+        ("plain", [1, 2, "3"]),  # a refusal in the middle of the batch
+        ("plain", [1, 2**64]),
+    ],
+)
+async def test_a_batch_stages_each_input_as_a_single_enqueue_stages_it(
+    handle: str, inputs: list[Any]
+) -> None:
+    h = HANDLES[handle]
+    async with open_jobs(memory_driver(), jobs=list(HANDLES.values())):
+        facade = _ambient.facade_var.get()
+        assert facade is not None
+        options = _options({})
+        try:
+            batch: Any = stage_requests(facade, h, inputs, run_ids=[None] * len(inputs), **options)
+        except JobsError as exc:
+            batch = (exc.code, exc.message)
+        try:
+            singles: Any = [stage_one(facade, h, raw, run_id=None, **options) for raw in inputs]
+        except JobsError as exc:
+            singles = (exc.code, exc.message)
+    if isinstance(singles, tuple):
+        assert batch == singles
+        return
+    assert [attrs.evolve(b, id="", run_id="") for b in batch] == [
+        attrs.evolve(s, id="", run_id="") for s in singles
+    ]
+    ids = [b.id for b in batch] + [b.run_id for b in batch]
+    assert len(set(ids)) == len(ids)
