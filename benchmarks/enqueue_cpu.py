@@ -1,24 +1,29 @@
 """``python -m benchmarks enqueue-cpu``: what one ``enqueue`` costs the client, layer by layer.
 
-    python -m benchmarks enqueue-cpu [--calls 3000] [--rounds 3] [--many 20] [--profile]
+    python -m benchmarks enqueue-cpu [--calls 3000] [--rounds 1] [--many 20] [--count 200] [--profile]
 
 Wall-clock rates on the shared box move with the neighbours; the client's CPU per
 call (``time.process_time``) moves far less. Each round, on one throwaway schema,
 measures in turn (so every figure of a round shares its minutes):
 
+``memory driver``
+    the facade's share without a socket: 2,000 enqueues on the memory driver.
 ``enqueue``
-    ``--calls`` sequential ``pg_noop.enqueue(i)`` outside a transaction (new keys).
+    ``--calls`` sequential ``pg_noop.enqueue(i)`` outside a transaction (new keys);
+    ``(counted)``: the Python calls and bytecodes of ``--count`` more (load-free).
 ``fetch_text``
     the floor under it: the same ``enqueue_one`` INSERT through the bridge's
     ``Database.fetch_text`` alone, its text parameters built before the loop.
-``pq``
-    the floor under the bridge: a Trio loop of raw ``psycopg.pq`` calls (the
-    prepared statement sent, one ``wait_readable``, the result read).
-``pgbench``
-    ``pgbench -c 1 -M prepared`` of the same INSERT for 2 s, its latency per
-    transaction (the wall-clock yardstick of issue 13).
+``pq on Trio`` / ``pq blocking``
+    the floors under the bridge: raw ``psycopg.pq`` calls (the prepared statement
+    sent, one ``wait_readable``, the result read), then the same blocking.
 ``enqueue_many``
-    ``--many`` calls of ``enqueue_many`` of 1,000 after 3 warm-ups.
+    ``--many`` calls of ``enqueue_many`` of 1,000 after 3 warm-ups, then its
+    parts: staging the requests, the driver's parameters, the statement alone.
+``pgbench`` / ``pgbench ours``
+    ``pgbench -c 1 -M prepared`` for 2 s of the benchmark's plain INSERT (the
+    yardstick of issue 13), then of ``enqueue_one`` itself (its parameters as SQL):
+    what no client can beat with this statement.
 
 Each line gives CPU and wall µs per call, the scheduler's passes (Trio run-loop
 I/O waits) and task steps per call, and the load average. To compare two trees,
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import os
 import pstats
 import re
@@ -70,8 +76,10 @@ class _Passes(trio.abc.Instrument):
         self.steps += 1
 
 
-def _line(what: str, n: int, cpu: float, wall: float, passes: _Passes | None = None) -> str:
-    text = f"  {what:<13} {cpu / n * 1e6:8.1f} µs CPU  {wall / n * 1e6:8.1f} µs wall"
+def _line(what: str, n: int, cpu: float, wall: float | None, passes: _Passes | None = None) -> str:
+    text = f"  {what:<13} {cpu / n * 1e6:8.1f} µs CPU"
+    if wall is not None:
+        text += f"  {wall / n * 1e6:8.1f} µs wall"
     if passes is not None:
         text += f"  {passes.io_waits / n:4.2f} io waits  {passes.steps / n:4.2f} task steps"
     return text + " per call"
@@ -181,6 +189,39 @@ async def _measure(dsn: str, schema: str, opts: argparse.Namespace, base: int) -
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             trio.lowlevel.remove_instrument(passes)
             lines.append(_line("enqueue_many", opts.many, cpu, wall, passes))
+            # Its parts: staging the 1,000 requests (the facade), the driver's
+            # parameters, and the statement alone through the bridge.
+            from trio_jobs import _ambient
+            from trio_jobs._enqueue import _MISSING, stage_requests
+
+            facade = _ambient.facade_var.get()
+            assert facade is not None
+            batches = []
+            cpu0 = time.process_time()
+            for k in range(opts.many):
+                start = base + 10**6 * (k + 40)
+                batches.append(
+                    stage_requests(
+                        facade,
+                        pg_noop,
+                        range(start, start + 1000),
+                        run_ids=[None] * 1000,
+                        delay=None,
+                        run_at=None,
+                        tenant_id=None,
+                        priority=0,
+                        actor=_MISSING,
+                    )
+                )
+            lines.append(_line("  staging", opts.many, time.process_time() - cpu0, None))
+            cpu0 = time.process_time()
+            params = [driver._enqueue_params(b) for b in batches]
+            lines.append(_line("  parameters", opts.many, time.process_time() - cpu0, None))
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for p in params:
+                await driver._fetch("enqueue_many", p)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            lines.append(_line("  statement", opts.many, cpu, wall))
     if profiler is not None:
         stats = pstats.Stats(profiler, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(30)
@@ -209,6 +250,22 @@ def _ours_for_pgbench(channel: str) -> str:
     for number in range(len(names), 0, -1):
         sql = sql.replace(f"${number}", f"({values.get(names[number - 1], 'NULL')})")
     return sql + ";\n"
+
+
+async def _facade_only(n: int) -> str:
+    """The facade's share without a socket: ``n`` enqueues on the memory driver
+    (the same driver in every tree), best of 5 rounds."""
+    from trio_jobs import memory_driver
+
+    best = math.inf
+    async with open_jobs(memory_driver(), jobs=[pg_noop]):
+        for r in range(6):
+            cpu0 = time.process_time()
+            for i in range(n):
+                await pg_noop.enqueue(r * n + i)
+            if r:  # the first round warms up
+                best = min(best, time.process_time() - cpu0)
+    return f"  {'memory driver':<13} {best / n * 1e6:8.1f} µs CPU per call (best of 5 rounds)"
 
 
 async def _count(base: int, n: int) -> str:
@@ -294,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f'(LIKE "{schema}".trio_jobs_jobs INCLUDING ALL)'
                 )
             print(f"{tree} round {r + 1}: load {os.getloadavg()[0]:.1f}")
+            print(trio.run(_facade_only, 2000), flush=True)
             for line in trio.run(_measure, opts.dsn, schema, opts, r * 10**8):
                 print(line, flush=True)
             if not opts.no_pgbench:
