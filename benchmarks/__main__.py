@@ -40,6 +40,7 @@ SUITES: dict[str, str] = {
     "autovacuum": "benchmarks.autovacuum",
     "prepared": "benchmarks.prepared",
     "statements": "benchmarks.statements",
+    "enqueue-cpu": "benchmarks.enqueue_cpu",
 }
 
 

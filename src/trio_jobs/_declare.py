@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 import attrs
 import cattrs
 
-from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs
+from ._enqueue import _MISSING, Actor, Enqueued, enqueue_inputs, enqueue_one
 from ._serialization import converter, json_schema, payload_form, too_deep
 from ._time import Duration, parse_duration
 from ._validate import UNSTORABLE, check_text, text_fault
@@ -452,17 +452,16 @@ class Job(Generic[I, R]):
         A live job with the same idempotency key (for this job name and tenant)
         answers ``deduped=True`` and its own ids; the first payload wins.
         """
-        results = await enqueue_inputs(
+        return await enqueue_one(
             self,
-            [input],
-            run_ids=[run_id],
+            input,
+            run_id=run_id,
             delay=delay,
             run_at=run_at,
             tenant_id=tenant_id,
             priority=priority,
             actor=_MISSING,
         )
-        return results[0]
 
     async def enqueue_many(
         self,
@@ -504,17 +503,16 @@ class Job(Generic[I, R]):
 
         ``None``, or an actor with no org, leaves the tenant unset. It queues; it
         never runs inline."""
-        results = await enqueue_inputs(
+        return await enqueue_one(
             self,
-            [input],
-            run_ids=[run_id],
+            input,
+            run_id=run_id,
             delay=delay,
             run_at=run_at,
             tenant_id=None,
             priority=priority,
             actor=actor,
         )
-        return results[0]
 
 
 def _fault_paths(exc: BaseException) -> list[str]:

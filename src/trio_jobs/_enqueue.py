@@ -8,6 +8,8 @@ facade (which re-exports :class:`Actor`): it finds the facade through
 
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -32,7 +34,9 @@ __all__ = [
     "confining_org",
     "current_facade",
     "enqueue_inputs",
+    "enqueue_one",
     "job_ref",
+    "stage_one",
     "stage_requests",
 ]
 
@@ -176,6 +180,7 @@ def _run_id(value: object) -> str:
 
 
 _INT_MIN = -(2**63)
+_is_none = functools.partial(operator.is_, None)
 _INT_LIMIT = 2**64
 
 
@@ -219,6 +224,187 @@ async def enqueue_inputs(
     return [Enqueued(r.id, r.run_id, r.deduped) for r in results]
 
 
+async def enqueue_one(
+    handle: Job[Any, Any],
+    raw: Any,
+    *,
+    run_id: Any,
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> Enqueued:
+    """:func:`enqueue_inputs` of one input (``Job.enqueue``, ``enqueue_as``): the
+    same checks, in the same order, and the same one ``enqueue_many`` call of the
+    driver, through fewer layers (a single enqueue's Python is on the critical
+    path of every request handler that queues a job; benchmarks/README.md)."""
+    facade = current_facade()
+    _ambient.check_not_aborted()
+    request = stage_one(
+        facade,
+        handle,
+        raw,
+        run_id=run_id,
+        delay=delay,
+        run_at=run_at,
+        tenant_id=tenant_id,
+        priority=priority,
+        actor=actor,
+    )
+    driver = await facade._resolved_driver()
+    tx = _ambient.tx_var.get()
+    if tx is not None and tx.jobs is facade:
+        got = await tx.driver_tx.enqueue_many([request])
+    else:
+        got = await driver.enqueue_many([request])
+    r = got[0]
+    return Enqueued(r.id, r.run_id, r.deduped)
+
+
+def _run_options(
+    handle: Job[Any, Any],
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+) -> tuple[float | None, float | None]:
+    """The run's options, checked once for the whole call against the range every
+    driver stores (_validate.py): nothing reaches a driver that one of them would
+    refuse or corrupt. Answers ``(delay, run_at)`` in seconds."""
+    if delay is not None and run_at is not None:
+        raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
+    if handle.debounce is not None and (delay is not None or run_at is not None):
+        raise JobsError(
+            ErrorCode.X_INVARIANT,
+            f"{handle.name} declares debounce=: its run starts debounce after the last "
+            "enqueue of its key; drop delay=/run_at= (nothing was queued)",
+            meta={"job": handle.name},
+        )
+    delay_s = _delay(delay)
+    run_at_s = _epoch(run_at, what="run_at", code=ErrorCode.X_JOB_INPUT_INVALID)
+    check_priority(priority, code=ErrorCode.X_JOB_INPUT_INVALID)
+    if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
+        raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
+    if tenant_id is not None:
+        check_text(tenant_id, what="tenant_id", code=ErrorCode.X_JOB_INPUT_INVALID)
+    return delay_s, run_at_s
+
+
+def _actor(actor: Any) -> tuple[bool, Actor | None]:
+    """``(explicit, actor)``: the actor ``enqueue_as`` passed, else the ambient one."""
+    if actor is _MISSING:
+        return False, _ambient.actor_var.get()
+    if actor is not None and not isinstance(actor, Actor):
+        raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
+    return True, actor
+
+
+def _row_tenant(
+    handle: Job[Any, Any],
+    declared: str | None,
+    tenant_id: str | None,
+    explicit_actor: bool,
+    actor_obj: Actor | None,
+    confined: str | None,
+) -> str | None:
+    """The row's tenant when ``tenant_id=``, ``enqueue_as`` or an ambient actor's
+    org applies: an ambient actor of an org confines every row to that org (or to
+    none), whichever way the row's tenant was named (the input's declared tenant,
+    tenant_id=, or the actor passed to enqueue_as)."""
+    row_tenant = declared
+    if tenant_id is not None:
+        if declared is not None and declared != tenant_id:
+            raise _mismatch(handle, "tenant_id=")
+        row_tenant = tenant_id
+    if explicit_actor:
+        org = actor_obj.org_id if actor_obj is not None else None
+        if org is not None:
+            if declared is not None and declared != org:
+                raise _mismatch(handle, "the actor passed to enqueue_as")
+            row_tenant = org
+    if confined is not None and row_tenant is not None and row_tenant != confined:
+        if declared is not None and declared == row_tenant:
+            raise _mismatch(handle, "the ambient actor")
+        raise _outside(handle, "enqueue_as's actor" if explicit_actor else "tenant_id=")
+    return row_tenant
+
+
+def _native(handle: Job[Any, Any]) -> Any:
+    """A JSON-native declared input (int, str, bool): an input of exactly that type
+    is its own structured value and parses back to itself (no parse, no round trip)."""
+    return handle.input if handle.input in (int, str, bool) else None
+
+
+def _value_payload(handle: Job[Any, Any], raw: Any, native: Any) -> tuple[Any, Any]:
+    """The input as the job's body sees it, and as the row stores it."""
+    if native is not None and type(raw) is native:
+        # orjson writes ints of 64 bits; payload_form refuses the rest (and
+        # checks a string's size and encoding).
+        if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT):
+            return raw, raw
+        return raw, handle._payload(raw)
+    value = handle.parse(raw)
+    payload = handle._payload(value)
+    # Round trip: what the worker will parse must parse.
+    handle.parse(payload)
+    return value, payload
+
+
+def stage_one(
+    facade: Jobs,
+    handle: Job[Any, Any],
+    raw: Any,
+    *,
+    run_id: Any,
+    delay: Duration | None,
+    run_at: datetime | float | None,
+    tenant_id: str | None,
+    priority: int,
+    actor: Any,
+) -> EnqueueRequest:
+    """``stage_requests(facade, handle, [raw], run_ids=[run_id], ...)[0]``, without
+    the batch's set-up: the same refusals in the same order, and the same ids
+    drawn from a seeded source."""
+    delay_s, run_at_s = _run_options(handle, delay, run_at, tenant_id, priority)
+    explicit_actor, actor_obj = _actor(actor)
+    confined = confining_org()
+    trace_context = _tracing.inject()
+    rid = _run_id(run_id) if run_id is not None else ""
+    value, payload = _value_payload(handle, raw, _native(handle))
+    key = handle.idempotency_key_for(value)
+    ckey = handle.concurrency_key_for(value) if handle._concurrency_key is not None else None
+    row_tenant = handle.tenant_of(value) if handle.tenant != "none" else None
+    if tenant_id is not None or explicit_actor or confined is not None:
+        row_tenant = _row_tenant(handle, row_tenant, tenant_id, explicit_actor, actor_obj, confined)
+    ids = facade.ids
+    if isinstance(ids, UuidSource) and not ids.seeded:
+        job_id, fresh_run = ids.new_pair()
+        run = rid or fresh_run
+    else:
+        job_id = ids.new_id()
+        run = rid or ids.new_id()
+    return EnqueueRequest(
+        id=job_id,
+        run_id=run,
+        name=handle.name,
+        queue=handle.queue,
+        payload=payload,
+        idempotency_key=key,
+        max_attempts=handle.max_attempts,
+        tenant_id=row_tenant,
+        concurrency_key=ckey,
+        priority=priority,
+        run_at=run_at_s,
+        delay=delay_s,
+        actor=actor_obj.to_json() if actor_obj is not None else None,
+        trace_context=trace_context,
+        sensitive=handle.sensitive,
+        debounce=handle.debounce,
+        unique_for=handle.unique_for,
+    )
+
+
 def stage_requests(
     facade: Jobs,
     handle: Job[Any, Any],
@@ -238,43 +424,16 @@ def stage_requests(
             ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
             f"enqueue_many takes at most {MAX_ENQUEUE_BATCH} inputs, got {len(inputs)}; page the source",
         )
-    if delay is not None and run_at is not None:
-        raise JobsError(ErrorCode.X_INVARIANT, "pass delay= or run_at=, not both")
-    debounce, unique_for = handle.debounce, handle.unique_for
-    if debounce is not None and (delay is not None or run_at is not None):
-        raise JobsError(
-            ErrorCode.X_INVARIANT,
-            f"{handle.name} declares debounce=: its run starts debounce after the last "
-            "enqueue of its key; drop delay=/run_at= (nothing was queued)",
-            meta={"job": handle.name},
-        )
-    # The run's options, checked once for the whole call against the range every
-    # driver stores (_validate.py): nothing reaches a driver that one of them
-    # would refuse or corrupt.
-    delay_s = _delay(delay)
-    run_at_s = _epoch(run_at, what="run_at", code=ErrorCode.X_JOB_INPUT_INVALID)
-    check_priority(priority, code=ErrorCode.X_JOB_INPUT_INVALID)
-    if tenant_id is not None and (not isinstance(tenant_id, str) or tenant_id == ""):
-        raise JobsError(ErrorCode.X_JOB_TENANT_MISMATCH, "tenant_id must be a non-empty string")
-    if tenant_id is not None:
-        check_text(tenant_id, what="tenant_id", code=ErrorCode.X_JOB_INPUT_INVALID)
-
-    explicit_actor = actor is not _MISSING
-    actor_obj: Actor | None = actor if explicit_actor else _ambient.actor_var.get()
-    if explicit_actor and actor is not None and not isinstance(actor, Actor):
-        raise JobsError(ErrorCode.X_INVARIANT, "enqueue_as takes an Actor or None")
-    # An ambient actor of an org confines every row to that org (or to none),
-    # whichever way the row's tenant was named: the input's declared tenant,
-    # tenant_id=, or the actor passed to enqueue_as.
+    delay_s, run_at_s = _run_options(handle, delay, run_at, tenant_id, priority)
+    explicit_actor, actor_obj = _actor(actor)
     confined = confining_org()
 
     # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
     trace_context = _tracing.inject()
     name, queue, sensitive = handle.name, handle.queue, handle.sensitive
+    debounce, unique_for = handle.debounce, handle.unique_for
     max_attempts = handle.max_attempts
-    # A JSON-native input (int, str, bool) of exactly its declared type is its own
-    # structured value and parses back to itself: no parse, and no round trip.
-    native = handle.input if handle.input in (int, str, bool) else None
+    native = _native(handle)
     ids = facade.ids
     # An unseeded uuid4 source makes a batch's ids in one call; any other source
     # (a seeded stream, one passed in) is asked per id, in the order it always was.
@@ -289,41 +448,64 @@ def stage_requests(
     tenant_of = handle.tenant_of if handle.tenant != "none" else None
     tenancy = tenant_id is not None or explicit_actor or confined is not None
     actor_json = actor_obj.to_json() if actor_obj is not None else None
+    if (
+        fresh is not None
+        and native is not None
+        and ckey_for is None
+        and tenant_of is None
+        and not tenancy
+        and all(map(_is_none, run_ids))
+    ):
+        # The common batch (enqueue_many of JSON-native inputs: no run ids, no
+        # concurrency key, no tenant rule): the same rows, without asking each
+        # row the questions whose answer is the same for all of them.
+        for raw, job_id, run_id in zip(inputs, fresh[0::2], fresh[1::2], strict=True):
+            if type(raw) is native and (
+                native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
+            ):
+                value = payload = raw
+            else:
+                value, payload = _value_payload(handle, raw, native)
+            append(
+                EnqueueRequest(
+                    id=job_id,
+                    run_id=run_id,
+                    name=name,
+                    queue=queue,
+                    payload=payload,
+                    idempotency_key=key_for(value),
+                    max_attempts=max_attempts,
+                    tenant_id=None,
+                    concurrency_key=None,
+                    priority=priority,
+                    run_at=run_at_s,
+                    delay=delay_s,
+                    actor=actor_json,
+                    trace_context=trace_context,
+                    sensitive=sensitive,
+                    debounce=debounce,
+                    unique_for=unique_for,
+                )
+            )
+        return requests
     for index, raw in enumerate(inputs):
         rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
         if native is not None and type(raw) is native:
             value = raw
-            # orjson writes ints of 64 bits; payload_form refuses the rest (and
-            # checks a string's size and encoding).
             payload = (
                 raw
                 if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
                 else handle._payload(value)
             )
         else:
-            value = handle.parse(raw)
-            payload = handle._payload(value)
-            # Round trip: what the worker will parse must parse.
-            handle.parse(payload)
+            value, payload = _value_payload(handle, raw, None)
         key = key_for(value)
         ckey = ckey_for(value) if ckey_for is not None else None
-        declared = tenant_of(value) if tenant_of is not None else None
-        row_tenant = declared
+        row_tenant = tenant_of(value) if tenant_of is not None else None
         if tenancy:
-            if tenant_id is not None:
-                if declared is not None and declared != tenant_id:
-                    raise _mismatch(handle, "tenant_id=")
-                row_tenant = tenant_id
-            if explicit_actor:
-                org = actor_obj.org_id if actor_obj is not None else None
-                if org is not None:
-                    if declared is not None and declared != org:
-                        raise _mismatch(handle, "the actor passed to enqueue_as")
-                    row_tenant = org
-            if confined is not None and row_tenant is not None and row_tenant != confined:
-                if declared is not None and declared == row_tenant:
-                    raise _mismatch(handle, "the ambient actor")
-                raise _outside(handle, "enqueue_as's actor" if explicit_actor else "tenant_id=")
+            row_tenant = _row_tenant(
+                handle, row_tenant, tenant_id, explicit_actor, actor_obj, confined
+            )
         if fresh is not None:
             job_id = fresh[2 * index]
             run_id = rid or fresh[2 * index + 1]

@@ -146,21 +146,37 @@ class UuidSource:
         """Whether the ids come from a seeded (deterministic) stream."""
         return self._rng is not None
 
+    def new_pair(self) -> tuple[str, str]:
+        """Two ids, as ``new_ids(2)`` makes them (a single enqueue's job and run
+        ids): one ``os.urandom`` call, no list."""
+        if self._rng is not None:
+            return self.new_id(), self.new_id()
+        h = os.urandom(32).hex()
+        # uuid4 in hex digits: digit 12 is the version (4), digit 16 carries the
+        # variant (10 in its top bits: 8, 9, a or b, from the random digit).
+        v = _VARIANT_DIGIT
+        return (
+            f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{v[h[16]]}{h[17:20]}-{h[20:32]}",
+            f"{h[32:40]}-{h[40:44]}-4{h[45:48]}-{v[h[48]]}{h[49:52]}-{h[52:]}",
+        )
+
     def new_ids(self, n: int) -> list[str]:
         """``n`` ids; from one ``os.urandom`` call when unseeded (an enqueue_many
         batch), else ``n`` calls of :meth:`new_id` (the same seeded stream)."""
         if self._rng is not None:
             return [self.new_id() for _ in range(n)]
+        if n < _COLUMNWISE_FROM:
+            h = os.urandom(16 * n).hex()
+            v = _VARIANT_DIGIT
+            return [
+                f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{v[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+                for i in range(0, 32 * n, 32)
+            ]
         raw = bytearray(os.urandom(16 * n))
         # uuid4: version 4 in the high nibble of byte 6, variant 10 in byte 8.
         raw[6::16] = raw[6::16].translate(_VERSION_4)
         raw[8::16] = raw[8::16].translate(_VARIANT_RFC)
         h = raw.hex()
-        if n < _COLUMNWISE_FROM:
-            return [
-                f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
-                for i in range(0, 32 * n, 32)
-            ]
         # A batch is laid out column by column: each of the 32 hex digits of
         # every id is one strided slice copy (C loops, not a Python step per
         # id), each id in a 37-character cell ending in a comma; one split
@@ -175,6 +191,8 @@ class UuidSource:
 
 _VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
 _VARIANT_RFC = bytes((b & 0x3F) | 0x80 for b in range(256))
+#: A random hex digit with the uuid variant's top bits set (10xx): 8, 9, a or b.
+_VARIANT_DIGIT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 #: Where hex digit ``c`` of an id goes in its cell ``8-4-4-4-12,``.
 _CELL_AT = [c + (c >= 8) + (c >= 12) + (c >= 16) + (c >= 20) for c in range(32)]
 #: From how many ids a batch is laid out column-wise (below, per id is faster).

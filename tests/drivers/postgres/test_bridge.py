@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import psycopg
@@ -353,5 +354,61 @@ async def test_fetch_text_in_a_transaction_commits_or_rolls_back_with_it(pg_dsn:
         with pytest.raises(RuntimeError):
             await insert_then_fail()
         assert await db.fetch("SELECT x FROM tt") == [(5,)]
+    finally:
+        await db.pool.close()
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+async def test_fetch_text_sends_a_statement_larger_than_the_socket_takes_at_once(
+    pg_dsn: str, prepare: bool
+) -> None:
+    # 8 MB of parameter: libpq cannot hand it to the socket in one write, so the
+    # answer's wait first waits for the socket to take the rest.
+    db = Database(Pool(pg_dsn, max_size=1, prepare=prepare))
+    big = "é" * (4 * 1024 * 1024)
+    try:
+        for _ in range(2):
+            rows = await db.fetch_text("SELECT length($1::text), md5($1::text)", [big])
+            assert rows == [
+                (str(len(big)).encode(), hashlib.md5(big.encode()).hexdigest().encode())
+            ]
+        assert await db.fetch_text("SELECT $1::int", ["3"]) == [(b"3",)]
+        assert db.pool.size == 1
+    finally:
+        await db.pool.close()
+
+
+async def test_fetch_text_answers_every_row_and_column_of_the_result(pg_dsn: str) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    try:
+        rows = await db.fetch_text(
+            "SELECT g, g * $1::int, NULLIF(g % 2, 0)::text FROM generate_series(1, 3) g", ["10"]
+        )
+        assert rows == [(b"1", b"10", b"1"), (b"2", b"20", None), (b"3", b"30", b"1")]
+        # a multi-statement text is refused as psycopg refuses one (one statement a call)
+        with pytest.raises(psycopg.errors.SyntaxError):
+            await db.fetch_text("SELECT $1::int; SELECT 2", ["1"])
+        assert await db.fetch_text("SELECT $1::int", ["4"]) == [(b"4",)]
+    finally:
+        await db.pool.close()
+
+
+async def test_an_idle_connection_the_server_ended_is_replaced_before_a_statement(
+    pg_dsn: str,
+) -> None:
+    db = Database(Pool(pg_dsn, max_size=1, prepare=True))
+    try:
+        pid = (await db.fetch_text("SELECT pg_backend_pid()::text || $1::text", [""]))[0][0]
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (int(pid or b"0"),))
+        for _ in range(200):  # the FATAL notice reaches the idle socket
+            conn = db.pool._idle[0]
+            if conn.idle_poll.poll(0):
+                break
+            await trio.sleep(0.01)
+        # no call fails for it: the acquire sees the readable idle socket
+        again = (await db.fetch_text("SELECT pg_backend_pid()::text || $1::text", [""]))[0][0]
+        assert again != pid
+        assert db.pool.size == 1
     finally:
         await db.pool.close()

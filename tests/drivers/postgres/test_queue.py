@@ -467,3 +467,48 @@ async def test_a_renewal_does_not_scan_the_finished_rows(
     assert "Rows Removed by Join Filter" not in plan, plan
     statuses = await driver.heartbeat([HeartbeatRequest(c.id, c.fence, None) for c in held], 30.0)
     assert statuses == ["ok"] * 300
+
+
+def test_a_single_enqueues_parameters_are_built_in_the_statements_own_order() -> None:
+    # The fast builder answers the list the by-name builder answers, for every
+    # kind of value a request carries; and the statement still numbers its
+    # parameters in the fast builder's order (else every enqueue takes the
+    # by-name builder: still right, only slower).
+    from trio_jobs.drivers import EnqueueRequest
+    from trio_jobs.drivers.postgres._driver import _ONE_ORDER, _one_params, _one_values
+    from trio_jobs.drivers.postgres._sql import positional
+
+    assert positional("enqueue_one")[1] == _ONE_ORDER
+    requests = [
+        EnqueueRequest("i", "r", "n", "q", 7, "k", 3),
+        EnqueueRequest("i", "r", "n", "q", -(2**63), "k", 3),
+        EnqueueRequest("i", "r", "n", "q", 2**64 - 1, "k", 3),
+        EnqueueRequest("i", "r", "n", "q", True, "k", 3),
+        EnqueueRequest("i", "r", "n", "q", None, "k", 3),
+        EnqueueRequest("i", "r", "n", "q", 1.5, "k", 3),
+        EnqueueRequest("i", "r", "n", "q", "é", "k", 3),
+        EnqueueRequest(
+            "i",
+            "r",
+            "n",
+            "q",
+            {"a": [1, None, "x"]},
+            "k",
+            12,
+            tenant_id="t",
+            concurrency_key="c",
+            priority=-4,
+            run_at=1_900_000_000.25,
+            delay=0.1,
+            actor={"id": "u", "org_id": None, "permissions": []},
+            trace_context={"traceparent": "00-ab-cd-01"},
+            sensitive=True,
+            parent_id="p",
+            parent_wait="w",
+        ),
+    ]
+    for r in requests:
+        for now, notify in ((None, True), (1_800_000_000.5, False)):
+            assert _one_values(r, now=now, channel="ch", notify=notify) == _one_params(
+                r, _ONE_ORDER, now=now, channel="ch", notify=notify
+            )

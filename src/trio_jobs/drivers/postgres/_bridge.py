@@ -90,6 +90,7 @@ logger = logging.getLogger("trio_jobs.postgres")
 
 RV = TypeVar("RV")
 _R = TypeVar("_R")
+_P = TypeVar("_P")
 Params = Sequence[Any] | Mapping[str, Any] | None
 Row = tuple[Any, ...]
 
@@ -287,6 +288,9 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
 
     #: The statements :func:`_run_text` prepared on this session (their names).
     text_prepared: set[bytes]
+    #: A poll object for the session's socket, readable: what
+    #: :func:`_idle_usable` asks before an idle connection is reused.
+    idle_poll: select.poll
 
     async def wait(
         self, gen: PQGen[RV], interval: float | None = None, timeout: float | None = None
@@ -380,6 +384,8 @@ async def connect(conninfo: str, *, timeout: float = 10.0, prepare: bool = False
             continue
         conn = TrioConnection(pgconn)
         conn.text_prepared = set()
+        conn.idle_poll = select.poll()
+        conn.idle_poll.register(pgconn.socket, select.POLLIN)
         conn.prepare_threshold = PREPARE_THRESHOLD if prepare else None
         await conn.set_autocommit(True)
         set_json_loads(_json_loads, conn)
@@ -399,11 +405,13 @@ def _idle_usable(conn: TrioConnection) -> bool:
     readable idle socket is therefore discarded before use: otherwise every
     pooled connection fails one call with ``X_DRIVER_UNAVAILABLE`` after a
     server restart, long after the server is back (a step record, a settle or a
-    heartbeat lost for nothing). One ``poll`` per acquire; a false alarm (a rare
-    notice) costs one reconnect."""
-    if conn.closed or conn.pgconn.status != _CONN_OK:
+    heartbeat lost for nothing). One ``poll`` per acquire (the connection's own
+    poll object, registered for its socket once); a false alarm (a rare notice)
+    costs one reconnect."""
+    pgconn = conn.pgconn
+    if pgconn.status != _CONN_OK:  # closed (BAD) included
         return False
-    return not _ready_now(conn.pgconn.socket, _WAIT_R)
+    return not conn.idle_poll.poll(0)
 
 
 class Pool:
@@ -478,10 +486,11 @@ class Pool:
 
     async def release(self, conn: TrioConnection) -> None:
         try:
-            if conn.closed or conn.pgconn.status != _CONN_OK or self.closed:
+            pgconn = conn.pgconn
+            if pgconn.status != _CONN_OK or self.closed:  # a closed one is BAD
                 self._discard(conn)
                 return
-            if conn.pgconn.transaction_status != _IDLE:
+            if pgconn.transaction_status != _IDLE:
                 with trio.CancelScope(shield=True) as scope:
                     scope.deadline = trio.current_time() + CANCEL_GRACE
                     try:
@@ -518,6 +527,12 @@ class Pool:
 # --------------------------------------------------------------------------- database
 
 
+async def _run_params(conn: TrioConnection, sql: str, params: Params, _prepare: bool) -> list[Row]:
+    """:func:`_run` as :meth:`Database._on_pool` calls it (psycopg's connection
+    decides its own preparing)."""
+    return await _run(conn, sql, params)
+
+
 async def _run(conn: TrioConnection, sql: str, params: Params) -> list[Row]:
     cur = conn.cursor()
     await cur.execute(sql, params)
@@ -551,6 +566,34 @@ def _results(pgconn: pq.abc.PGconn) -> PQGen[list[pq.abc.PGresult]]:
         out.append(res)
 
 
+async def _answer(conn: TrioConnection) -> list[pq.abc.PGresult]:
+    """``await conn.wait(_results(conn.pgconn))`` for a statement just sent, in
+    fewer Python layers (the text path's one wait per call): what was sent is
+    nearly always flushed at once, then one ``wait_readable`` until the answer
+    is in. A cancelled wait cancels the statement on the server and drains it
+    (:meth:`TrioConnection._after_cancel`), as every other wait does."""
+    pgconn = conn.pgconn
+    if pgconn.flush():  # the socket took part of it: the general loop
+        return await conn.wait(_results(pgconn))
+    out: list[pq.abc.PGresult] = []
+    while True:
+        if pgconn.is_busy():
+            fileno = pgconn.socket
+            try:
+                await trio.lowlevel.wait_readable(fileno)
+            except trio.Cancelled:
+                await conn._after_cancel(_results(pgconn), fileno)
+                raise
+            except OSError as exc:
+                raise psycopg.OperationalError("connection socket closed") from exc
+            pgconn.consume_input()
+            continue
+        res = pgconn.get_result()
+        if res is None:
+            return out
+        out.append(res)
+
+
 @functools.lru_cache(maxsize=256)
 def statement_name(sql: str) -> bytes:
     """The name :func:`_run_text` prepares ``sql`` under: one per text, so two
@@ -560,7 +603,7 @@ def statement_name(sql: str) -> bytes:
 
 
 async def _run_text(
-    conn: TrioConnection, sql: str, params: TextParams, *, prepare: bool
+    conn: TrioConnection, sql: str, params: TextParams, prepare: bool
 ) -> list[TextRow]:
     """One statement of ``$n`` placeholders, straight through libpq: parameters
     and answer in their text forms, no cursor, no adaptation, no prepared-
@@ -590,7 +633,7 @@ async def _run_text(
                 _raise_failed(await conn.wait(_results(pgconn)), conn)
                 conn.text_prepared.add(name)
             pgconn.send_query_prepared(name, values)
-            results = await conn.wait(_results(pgconn))
+            results = await _answer(conn)
             try:
                 _raise_failed(results, conn)
             except psycopg.errors.InvalidSqlStatementName:
@@ -604,15 +647,15 @@ async def _run_text(
             break
     else:
         pgconn.send_query_params(sql.encode(encoding), values)
-        results = await conn.wait(_results(pgconn))
+        results = await _answer(conn)
         _raise_failed(results, conn)
     out: list[TextRow] = []
     for res in results:
         if res.status == _TUPLES_OK:
+            get = res.get_value
             columns = range(res.nfields)
-            out.extend(
-                tuple(res.get_value(row, col) for col in columns) for row in range(res.ntuples)
-            )
+            for row in range(res.ntuples):
+                out.append(tuple([get(row, col) for col in columns]))
     return out
 
 
@@ -644,7 +687,7 @@ class Transaction:
         """:meth:`Database.fetch_text` inside the transaction (``sql`` names its
         objects through the transaction's ``search_path``)."""
         try:
-            return await _run_text(self.conn, sql, params, prepare=self.prepare)
+            return await _run_text(self.conn, sql, params, self.prepare)
         except psycopg.Error as exc:
             found = translate(exc)
             if found is not exc:
@@ -744,7 +787,7 @@ class Database:
         """Run one statement; its rows (none for a statement that returns none)."""
         if self.schema is not None:
             sql = qualify(sql, self.schema)
-        return await self._on_pool(lambda conn: _run(conn, sql, params))
+        return await self._on_pool(_run_params, sql, params, False)
 
     async def fetch_text(self, sql: str, params: TextParams) -> list[TextRow]:
         """Run one statement of ``$1``-style placeholders through libpq directly
@@ -752,17 +795,23 @@ class Database:
         each row's columns as text bytes. One round trip, like :meth:`fetch`."""
         if self.schema is not None:
             sql = qualify(sql, self.schema)
-        prepare = self.pool.prepare
-        return await self._on_pool(lambda conn: _run_text(conn, sql, params, prepare=prepare))
+        return await self._on_pool(_run_text, sql, params, self.pool.prepare)
 
-    async def _on_pool(self, run: Callable[[TrioConnection], Awaitable[_R]]) -> _R:
-        """``run`` on a pooled connection, its errors translated and an outage
-        noted once (what :meth:`fetch` and :meth:`fetch_text` share)."""
+    async def _on_pool(
+        self,
+        run: Callable[[TrioConnection, str, _P, bool], Awaitable[_R]],
+        sql: str,
+        params: _P,
+        prepare: bool,
+    ) -> _R:
+        """``run(conn, sql, params, prepare)`` on a pooled connection, its errors
+        translated and an outage noted once (what :meth:`fetch` and
+        :meth:`fetch_text` share)."""
         pool = self.pool
         try:
             conn = await pool.acquire()
             try:
-                rows = await run(conn)
+                rows = await run(conn, sql, params, prepare)
             finally:
                 await pool.release(conn)
         except psycopg.Error as exc:

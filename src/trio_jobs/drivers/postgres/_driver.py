@@ -266,6 +266,72 @@ def _one_params(
     return [by_name[name] for name in names]
 
 
+_INT64_MIN = -(2**63)
+_UINT64_LIMIT = 2**64  # orjson writes ints in [-2**63, 2**64) and refuses the rest
+
+#: enqueue_one's parameters in the order sql/queue.sql numbers them: what
+#: :func:`_one_values` answers (any other order takes :func:`_one_params`).
+_ONE_ORDER = (
+    "id",
+    "run_id",
+    "name",
+    "queue",
+    "payload",
+    "tenant_id",
+    "key",
+    "ckey",
+    "max_attempts",
+    "priority",
+    "actor",
+    "trace_context",
+    "sensitive",
+    "parent_id",
+    "parent_wait",
+    "run_at",
+    "delay",
+    "now",
+    "notify",
+    "channel",
+)
+
+
+def _one_values(
+    r: EnqueueRequest, *, now: float | None, channel: str, notify: bool
+) -> list[str | None]:
+    """:func:`_one_params` for the names in :data:`_ONE_ORDER`, without the dict
+    (a single enqueue builds it per call)."""
+    payload = r.payload
+    actor = r.actor
+    trace_context = r.trace_context
+    run_at = r.run_at
+    delay = r.delay
+    return [
+        r.id,
+        r.run_id,
+        r.name,
+        r.queue,
+        # An int's JSON is its decimal form (orjson writes the same digits).
+        str(payload)
+        if type(payload) is int and _INT64_MIN <= payload < _UINT64_LIMIT
+        else _json_text(payload),
+        r.tenant_id,
+        r.idempotency_key,
+        r.concurrency_key,
+        str(r.max_attempts),
+        str(r.priority),
+        None if actor is None else _json_text(actor),
+        None if trace_context is None else _json_text(trace_context),
+        "t" if r.sensitive else "f",
+        r.parent_id,
+        r.parent_wait,
+        None if run_at is None else _text(run_at),
+        None if delay is None else _text(delay),
+        None if now is None else _text(now),
+        "t" if notify else "f",
+        channel,
+    ]
+
+
 def _row_params(r: EnqueueRequest) -> dict[str, Any]:
     """One request's columns as enqueue_one and enqueue_keyed name them."""
     return {
@@ -554,6 +620,16 @@ class PostgresDriver:
     # ------------------------------------------------------------------ enqueue
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        if len(requests) == 1:
+            # A single enqueue, the common case: straight to its one statement,
+            # and to enqueue_many's statement only when it met a held key.
+            only = requests[0]
+            if only.debounce is None and only.unique_for is None and only.parent_wait is None:
+                db = self.db
+                inserted = await self._enqueue_one(db.fetch_text, only, after_commit=None)
+                if inserted is not None:
+                    return [inserted]
+                return await self._enqueue_batch(self._fetch, requests, after_commit=None)
         return await self._enqueue(
             self._fetch, requests, after_commit=None, text=self.db.fetch_text
         )
@@ -607,6 +683,17 @@ class PostgresDriver:
                 return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         elif set(map(_KEYED, requests)) != _UNKEYED:
             return await self._enqueue_keyed(run, requests, after_commit=after_commit)
+        return await self._enqueue_batch(run, requests, after_commit=after_commit)
+
+    async def _enqueue_batch(
+        self,
+        run: _Run,
+        requests: Sequence[EnqueueRequest],
+        *,
+        after_commit: list[Callable[[], None]] | None,
+    ) -> list[EnqueueResult]:
+        """Requests of no ``debounce=``/``unique_for=`` job through enqueue_many's
+        statement, one per 1,000; the holders of held keys named."""
         out: list[EnqueueResult | None] = [None] * len(requests)
         ready_queues: set[str] = set()
         for start in range(0, len(requests), ENQUEUE_CHUNK):
@@ -725,7 +812,11 @@ class PostgresDriver:
         at = self._notified.get(queue)
         allowed = at is None or at + NOTIFY_INTERVAL <= trio.current_time()
         sql, names = positional("enqueue_one")
-        params = _one_params(r, names, now=self._now_param(), channel=self.channel, notify=allowed)
+        now = None if self._clock is None else self._clock.now()
+        if names == _ONE_ORDER:
+            params = _one_values(r, now=now, channel=self.channel, notify=allowed)
+        else:  # the statement's parameters were renamed or reordered
+            params = _one_params(r, names, now=now, channel=self.channel, notify=allowed)
         rows = await text(sql, params)
         if not rows:
             return None
