@@ -67,6 +67,8 @@ from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
 from ._introspect import RedisIntrospection
+from ._lane import ScriptLane, lane_for
+from ._scripts import SCRIPT_NAMES, script_source
 from ._tasks import RedisTasks
 from ._wake import RedisWake
 
@@ -335,6 +337,9 @@ class RedisDriver:
         self._skew = 0.0
         self._client: coredis.Redis[str] | None = None
         self._scripts: Scripts | None = None
+        #: The script calls' own connections (``_lane.py``; None: through coredis).
+        self._lane: ScriptLane | None = None
+        self._shas: dict[str, str] = {}
         self._url = ""
         self._service = ServiceTasks("redis", logger)
         self.steps = _RedisSteps(self)
@@ -430,6 +435,14 @@ class RedisDriver:
         self._url = url
         self._client = client
         self._scripts = Scripts(client)
+        self._lane = lane_for(
+            url,
+            connect_timeout=self._connect_timeout,
+            stream_timeout=self._stream_timeout,
+            max_connections=self._max_connections,
+        )
+        if self._lane is not None:
+            self._shas = {name: self._lane.sha(script_source(name)) for name in SCRIPT_NAMES}
         self.closed = False
         await self._start_service(client, nursery)
         try:
@@ -455,6 +468,7 @@ class RedisDriver:
                 self.wake.reset()
         except BaseException:
             await self._stop_service()
+            self._close_lane()
             self._client = None
             raise
         self.opened = True
@@ -527,7 +541,13 @@ class RedisDriver:
             return
         self.closed = True
         await self._stop_service()
+        self._close_lane()
         self._client = None
+
+    def _close_lane(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
 
     def now(self) -> float:
         if self._clock is not None:
@@ -554,6 +574,8 @@ class RedisDriver:
             *args,
         ]
         self.client  # noqa: B018 — a closed driver refuses before the call is built
+        if self._lane is not None:
+            return await self._call(self._lane.call(self._shas[name], full), name)
         assert self._scripts is not None
         return await self._call(self._scripts.call(name, full), name)
 
@@ -563,6 +585,10 @@ class RedisDriver:
     @asynccontextmanager
     async def _subscribe(self) -> AsyncIterator[Any]:
         client = self.client
+        if self._lane is not None:
+            async with self._lane.subscribe(self.channel) as messages:
+                yield messages
+            return
         async with client.pubsub(
             channels=[self.channel], ignore_subscribe_messages=True, retry_policy=None
         ) as pubsub:
