@@ -245,7 +245,7 @@ class ScriptLane:
         return reply
 
     @asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    async def subscribe(self, channel: str) -> AsyncIterator[_Messages]:
         """A subscription to ``channel`` on a connection of its own: yields an
         iterator of its messages (``{"type": "message", "data": ...}``) that
         raises ``ConnectionError`` when the connection ends."""
@@ -256,7 +256,7 @@ class ScriptLane:
                 first = await conn.reply()
             if isinstance(first, Exception):
                 raise first
-            yield _messages(conn)
+            yield _Messages(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
             raise coredis.exceptions.ConnectionError(type(exc).__name__) from None
         finally:
@@ -270,14 +270,24 @@ class ScriptLane:
             conn.close()
 
 
-async def _messages(conn: _Conn) -> AsyncIterator[dict[str, Any]]:
-    while True:
-        try:
-            reply = await conn.reply()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise coredis.exceptions.ConnectionError(type(exc).__name__) from None
-        if isinstance(reply, list) and len(reply) == 3:
-            yield {"type": reply[0], "channel": reply[1], "data": reply[2]}
+class _Messages:
+    """The messages of a subscription's connection (an iterator object, not an
+    async generator: nothing is left to finalize when its reader is cancelled)."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        while True:
+            try:
+                reply = await self._conn.reply()
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise coredis.exceptions.ConnectionError(type(exc).__name__) from None
+            if isinstance(reply, list) and len(reply) == 3:
+                return {"type": reply[0], "channel": reply[1], "data": reply[2]}
 
 
 def lane_for(
