@@ -223,3 +223,31 @@ async def test_the_wake_subscribes_through_the_lane_and_comes_back_after_a_cut(
             assert isinstance(driver, RedisDriver)
             await worker.drain()
         nursery.cancel_scope.cancel()
+
+
+@needs_redis
+async def test_without_the_lane_the_scripts_and_the_wake_go_through_coredis(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # The path a rediss:// URL takes (lane_for answers None): coredis's
+    # registered scripts and its pub/sub.
+    driver = redis_driver(redis_url, prefix=redis_prefix)
+    async with open_jobs(driver, jobs=[woken]) as jobs:
+        driver._close_lane()
+        assert driver._lane is None
+        await woken.enqueue_many(range(20))
+        worker = Worker(jobs, concurrency=4)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            wake = driver.wake
+            assert wake is not None
+            # live: the probe published through coredis came back on its pub/sub.
+            with trio.fail_after(20):
+                while worker.stats().done < 20 or not wake.live:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            await woken.enqueue(99)
+            with trio.fail_after(20):
+                while worker.stats().done < 21:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            await worker.drain()
+        assert sum(s.done for s in await driver.stats()) == 21
