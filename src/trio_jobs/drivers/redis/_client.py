@@ -1,4 +1,6 @@
-"""The seam with coredis: the one module that knows its classes and exceptions.
+"""The seam with coredis: the one module that knows its classes (the script
+lane, ``_lane.py``, raises coredis's exceptions so that :func:`translate` maps
+its failures too).
 
 Three things live here, and nowhere else:
 
@@ -8,7 +10,8 @@ Three things live here, and nowhere else:
   call for ``stream_timeout`` (10 s). Its pool marks a failure to get a
   connection (:class:`NotConnected`): the command was never sent.
 - :class:`Scripts` registers each Lua script with coredis (``register_script``:
-  ``EVALSHA``, and on ``NOSCRIPT`` the script is loaded and the call repeated).
+  ``EVALSHA``, and on ``NOSCRIPT`` the script is loaded and the call repeated),
+  for a URL the script lane leaves to coredis (TLS).
 - :func:`translate` turns every failure of a call into a :class:`JobsError`:
   the one place coredis's errors (and a script's own refusals) map to codes.
 

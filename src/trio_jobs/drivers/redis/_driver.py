@@ -4,9 +4,10 @@ Trio with no bridge).
 Same semantics as the memory driver (the reference). Every change that touches
 more than one key is one Lua script (``lua/queue.lua``), atomic by itself:
 ``enqueue_many`` is one script call per 1,000 requests, ``claim`` one call (the
-reap included), the acks of every slot one fenced call a batch (the settle
-combiner, ``drivers/_combine.py``) that also moves the counters and frees the rows' keys
-and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
+reap included), the acks of every slot one fenced call a batch (the worker's
+ack pipeline over ``acks.ack_many``, or the settle combiner,
+``drivers/_combine.py``, for an ``ack`` awaited by its slot) that also moves the
+counters and frees the rows' keys and concurrency slots, each hand-back one call, ``heartbeat`` one call for every
 held row. The operator surface is ``_introspect.py`` (``lua/operate.lua``). Due times and leases are decided with the server's clock (``TIME`` inside
 the scripts); a test may pass a ``clock`` whose now is sent with every call
 instead.
@@ -33,7 +34,7 @@ from ..._time import Clock, SystemClock
 from ...errors import DriverError, ErrorCode, JobsError
 from ...logging import emit
 from .._attempt_log import attempt_records
-from .._combine import Combiner
+from .._combine import BATCH, Combiner
 from .._protocol import (
     ENQUEUE_CHUNK,
     ORPHAN_MESSAGE,
@@ -66,6 +67,8 @@ from .._window import exact_wait
 from ._backfills import RedisBackfills
 from ._client import Scripts, connect, not_connected, translate
 from ._introspect import RedisIntrospection
+from ._lane import ScriptLane, lane_for
+from ._scripts import SCRIPT_NAMES, script_source
 from ._tasks import RedisTasks
 from ._wake import RedisWake
 
@@ -77,6 +80,9 @@ logger = logging.getLogger("trio_jobs.redis")
 #: on first open; a driver speaking another version refuses to open, except
 #: that version 1's keys are upgraded in place (see ``_upgrade``).
 SCHEMA_VERSION = 2
+#: The most acks one ``ack`` script call carries from :meth:`RedisDriver._ack_many`
+#: (the combiner's batch: a call holds the single-threaded server for its rows).
+ACK_CALL = BATCH
 #: The most settles remembered as possibly landed (their call raised) until the
 #: same claim settles again; the oldest is forgotten first.
 UNSURE_KEPT = 10_000
@@ -331,6 +337,9 @@ class RedisDriver:
         self._skew = 0.0
         self._client: coredis.Redis[str] | None = None
         self._scripts: Scripts | None = None
+        #: The script calls' own connections (``_lane.py``; None: through coredis).
+        self._lane: ScriptLane | None = None
+        self._shas: dict[str, str] = {}
         self._url = ""
         self._service = ServiceTasks("redis", logger)
         self.steps = _RedisSteps(self)
@@ -343,8 +352,9 @@ class RedisDriver:
         self.backfills: RedisBackfills | None = RedisBackfills(self)
         #: Scheduled tasks: leases, fires and pauses (lua/tasks.lua).
         self.tasks: RedisTasks | None = RedisTasks(self)
-        #: No batched ack: each slot awaits its own ack (the worker's inline path).
-        self.acks: AckBatches | None = None
+        #: The batched ack the worker's ack pipeline hands its slots' acks to
+        #: (one ``ack`` script call a batch; see :class:`_RedisAcks`).
+        self.acks: AckBatches | None = _RedisAcks(self)
         self.wake: RedisWake | None = RedisWake(
             subscribe=self._subscribe,
             send_probe=self._send_probe,
@@ -425,6 +435,14 @@ class RedisDriver:
         self._url = url
         self._client = client
         self._scripts = Scripts(client)
+        self._lane = lane_for(
+            url,
+            connect_timeout=self._connect_timeout,
+            stream_timeout=self._stream_timeout,
+            max_connections=self._max_connections,
+        )
+        if self._lane is not None:
+            self._shas = {name: self._lane.sha(script_source(name)) for name in SCRIPT_NAMES}
         self.closed = False
         await self._start_service(client, nursery)
         try:
@@ -450,6 +468,7 @@ class RedisDriver:
                 self.wake.reset()
         except BaseException:
             await self._stop_service()
+            self._close_lane()
             self._client = None
             raise
         self.opened = True
@@ -522,7 +541,13 @@ class RedisDriver:
             return
         self.closed = True
         await self._stop_service()
+        self._close_lane()
         self._client = None
+
+    def _close_lane(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
 
     def now(self) -> float:
         if self._clock is not None:
@@ -549,6 +574,8 @@ class RedisDriver:
             *args,
         ]
         self.client  # noqa: B018 — a closed driver refuses before the call is built
+        if self._lane is not None:
+            return await self._call(self._lane.call(self._shas[name], full), name)
         assert self._scripts is not None
         return await self._call(self._scripts.call(name, full), name)
 
@@ -558,6 +585,10 @@ class RedisDriver:
     @asynccontextmanager
     async def _subscribe(self) -> AsyncIterator[Any]:
         client = self.client
+        if self._lane is not None:
+            async with self._lane.subscribe(self.channel) as messages:
+                yield messages
+            return
         async with client.pubsub(
             channels=[self.channel], ignore_subscribe_messages=True, retry_policy=None
         ) as pubsub:
@@ -664,6 +695,33 @@ class RedisDriver:
         except BaseException:
             self._mark_unsure(job_id, options.fence)
             raise
+
+    async def _ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> list[bool]:
+        """The batched ack (:class:`_RedisAcks`): one ``ack`` script call for up
+        to ``ACK_CALL`` acks (the script settles its rows in order, so a job twice
+        in a batch, a stale claim's ack beside its new claim's, is settled as two
+        calls would), each claim's ``again`` flag as :meth:`ack` keeps it."""
+        self.client  # noqa: B018 — a closed driver refuses at once
+        for _job_id, options in acks:
+            _check_duration(options.duration)
+        unsure = self._unsure
+        batch = [
+            (job_id, o, ("1" if unsure.pop((job_id, int(o.fence.claim)), False) else ""))
+            if unsure
+            else (job_id, o, "")
+            for job_id, o in acks
+        ]
+        answers: list[bool] = []
+        try:
+            for start in range(0, len(batch), ACK_CALL):
+                part = batch[start : start + ACK_CALL]
+                landed = await self._flush_acks(part)
+                answers.extend(i in landed for i in range(1, len(part) + 1))
+        except BaseException:
+            for job_id, o, _again in batch:
+                self._mark_unsure(job_id, o.fence)
+            raise
+        return answers
 
     async def _flush_acks(self, batch: list[tuple[str, AckOptions, str]]) -> set[int]:
         settles = [
@@ -826,6 +884,17 @@ class RedisDriver:
             )
             for (b, n), c in sorted(merged.items())
         ]
+
+
+class _RedisAcks:
+    """The driver's :class:`~trio_jobs.drivers.AckBatches`: a worker's ack
+    pipeline sends the acks its slots finished as one ``ack`` script call."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+
+    async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
+        return await self._d._ack_many(acks)
 
 
 class _RedisTx:

@@ -943,6 +943,8 @@ local nowf = fmt(NOW)
 local le = NOW + vis
 local lef = fmt(le)
 local jworker = jstr(worker)
+local shared = ',' .. jworker .. ','
+local encode = cjson.encode
 while i <= #ARGV do
   local q = ARGV[i]
   local want = tonumber(ARGV[i + 1])
@@ -999,18 +1001,25 @@ while i <= #ARGV do
           leased[#leased + 1] = id
           -- The row as JSON, its stored JSON (payload, actor, trace context,
           -- step records) embedded as is: the driver parses the reply once.
-          local steps = {}
+          local steps = '[]'
           local flat = redis.call('HGETALL', P .. ':steps:' .. id)
-          for j = 1, #flat, 2 do
-            local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
-            steps[#steps + 1] = '[' .. cjson.encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
+          if #flat > 0 then
+            local parts = {}
+            for j = 1, #flat, 2 do
+              local seq, body = string.match(flat[j + 1], '^(%-?%d+)\n(.*)$')
+              parts[#parts + 1] = '[' .. encode(flat[j]) .. ',' .. seq .. ',' .. body .. ']'
+            end
+            steps = '[' .. table.concat(parts, ',') .. ']'
           end
           -- Numbers as JSON numbers: att, max, claim, and the times ('%.6f').
-          taken[#taken + 1] = '[' .. table.concat({jstr(id), jstr(f[8]), jstr(f[9]), jq,
-            f[10] or 'null', jstr(f[11]), jstr(f[12]), jstr(f[13]), att, f[14],
-            jworker, claim, f[15], f[16], lef,
-            f[17] or 'null', f[18] or 'null', f[5] == '1' and '1' or '0', f[6] == '1' and '1' or '0',
-            '[' .. table.concat(steps, ',') .. ']'}, ',') .. ']'
+          -- One concatenation (one string built); nil fields as null.
+          taken[#taken + 1] = '[' .. encode(id) .. ',' .. (f[8] and encode(f[8]) or 'null') .. ',' ..
+            (f[9] and encode(f[9]) or 'null') ..
+            ',' .. jq .. ',' .. (f[10] or 'null') .. ',' .. (f[11] and encode(f[11]) or 'null') ..
+            ',' .. (f[12] and encode(f[12]) or 'null') .. ',' .. (f[13] and encode(f[13]) or 'null') .. ',' .. att ..
+            ',' .. f[14] .. shared .. claim .. ',' .. f[15] .. ',' .. f[16] .. ',' .. lef ..
+            ',' .. (f[17] or 'null') .. ',' .. (f[18] or 'null') .. ',' ..
+            (f[5] == '1' and '1' or '0') .. ',' .. (f[6] == '1' and '1' or '0') .. ',' .. steps .. ']'
         end
       end
     end
