@@ -82,8 +82,11 @@ PROGRESS_INTERVAL = 1.0
 IDLE_POLL_MAX = 2.0
 IDLE_POLL_MAX_PROVEN = 5.0
 #: The default prefetch claims ahead for a queue whose attempts held their slot
-#: less than this on average (seconds).
+#: less than this on average (seconds): about PREFETCH_AHEAD seconds of its
+#: slots' work, at least its slots and at most PREFETCH_MAX jobs.
 PREFETCH_QUICK = 0.1
+PREFETCH_AHEAD = 0.05
+PREFETCH_MAX = 256
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
 #: The most acks the ack pipeline sends in one call of the driver's ``ack_many``...
@@ -530,13 +533,13 @@ class Worker:
     def _room(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
         """This worker's free room split over its queues (:func:`_room.share_room`).
 
-        A queue's room is its slots plus its ``prefetch`` (jobs claimed ahead of
-        need, started as its slots free up), less its *active* attempts (held,
-        their ack not yet handed to the pipeline); and the attempts whose ack
-        the pipeline holds may add at most the queue's slots on top, so a queue
-        never holds more than ``2 * slots + prefetch`` rows. ``max_in_flight``
-        caps the active attempts of the whole process (a worker at the cap
-        claims nothing)."""
+        A queue's room is its slots plus its prefetch (:meth:`_prefetch_of`:
+        jobs claimed ahead of need, started as its slots free up), less its
+        *active* attempts (held, their ack not yet handed to the pipeline); the
+        attempts whose ack the pipeline holds may take as much again, so a
+        queue never holds more than ``2 * (slots + prefetch)`` rows.
+        ``max_in_flight`` caps the active attempts of the whole process (a
+        worker at the cap claims nothing)."""
         slots, in_flight, acking = self.slots, self._in_flight, self._acking
         limit: dict[str, int] = {}
         used: dict[str, int] = {}
@@ -545,7 +548,7 @@ class Worker:
             active = in_flight[q] - acking[q]
             active_n += active
             limit[q] = slots[q] + self._prefetch_of(q)
-            used[q] = max(active, in_flight[q] - slots[q])
+            used[q] = max(active, in_flight[q] - limit[q])
         return share_room(
             self.queues,
             limit,
@@ -563,7 +566,11 @@ class Worker:
         given = self.prefetch[q]
         if given is not None:
             return given
-        return self.slots[q] if self._took[q] < PREFETCH_QUICK else 0
+        took, slots = self._took[q], self.slots[q]
+        if took >= PREFETCH_QUICK:
+            return 0
+        ahead = int(slots * PREFETCH_AHEAD / took) if took > 0 else PREFETCH_MAX
+        return max(slots, min(ahead, PREFETCH_MAX))
 
     def _took_slot(self, q: str, seconds: float) -> None:
         took = self._took[q]
@@ -1237,10 +1244,13 @@ class Worker:
             if self._ack_sink is not None:
                 # Handed to the ack pipeline: the slot goes on to its next
                 # attempt; the attempt is held (renewed) until the ack's answer,
-                # its room going to the next claim (see _room).
+                # its room going to the next claim (see _room), and only what
+                # settling needs stays alive meanwhile (Attempt.let_go).
                 if timeout is not None:
                     scope.deadline = math.inf
                 held.settling()
+                held.let_go()
+                del state, ctx
                 self._hand_ack(held, ack, now + WRITE_BUDGET, None if quiet else began)
                 handed = True
                 self._took_slot(claimed.queue, now - began)
@@ -1249,7 +1259,8 @@ class Worker:
             scope.deadline = now + WRITE_BUDGET
             # What only the body needed dies now, not after the ack's round trip
             # (fewer objects alive across the wait: less for the collector).
-            del ctx, tokens, value, result
+            held.let_go()
+            del ctx, tokens, value, result, state
             try:
                 # (a partial, not a lambda: no Python frame on the ack's wake)
                 landed = await self._settle_write(
@@ -1491,7 +1502,7 @@ class Worker:
         slot was taken, None for no observer), forget the attempt, free its room."""
         claimed = held.claimed
         if began is not None:
-            ran = trio.current_time() - began if held.state is not None else None
+            ran = trio.current_time() - began if held.ran else None
             self._observer.slot_freed(claimed.queue, claimed.name, ran)
         self._held.pop((claimed.id, claimed.fence.claim), None)
         # The attempt and its run state point at each other (a refused write

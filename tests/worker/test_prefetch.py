@@ -46,9 +46,7 @@ class TestClaimAhead:
             assert gates.peak["default"] == 2
             assert sorted(gates.started) == sorted(f"k{n}" for n in range(10))
 
-    async def test_by_default_a_queue_of_quick_jobs_claims_its_slots_ahead(
-        self, autojump_clock: Any
-    ) -> None:
+    async def test_by_default_a_queue_of_quick_jobs_claims_ahead(self, autojump_clock: Any) -> None:
         gates = Gates()
         gated = gated_job(gates)
         async with jobs_on_memory([gated]) as (jobs, driver):
@@ -62,9 +60,11 @@ class TestClaimAhead:
                     await gated.enqueue(Item(f"k{n}"))
                 await wait_for(lambda: gates.running["default"] == 3)
                 await trio.sleep(5)
-                # Three bodies run, three more are claimed for when they end.
-                assert await _running_rows(driver) == 6
-                assert w.stats().prefetched == 3
+                # Three bodies run; the rest are claimed for when they end
+                # (quick jobs: up to PREFETCH_AHEAD of the slots' work, at
+                # least the slots, at most PREFETCH_MAX).
+                assert await _running_rows(driver) == 10
+                assert w.stats().prefetched == 7
                 gates.open_all(f"k{n}" for n in range(10))
                 await wait_for(lambda: w.stats().done == 16)
             assert gates.peak["default"] == 3

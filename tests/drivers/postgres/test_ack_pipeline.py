@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from trio_jobs import JobContext, Worker, job, open_jobs
+from trio_jobs._worker import PREFETCH_MAX
 from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.errors import ErrorCode, JobsError
 
@@ -57,8 +58,8 @@ async def test_acks_go_through_the_pipeline_and_each_job_is_done_once(
             await worker.drain()
     assert sum(batches) == 200  # every ack through ack_many, none through ack()
     # Never more acks in flight than rows held: a queue holds at most twice its
-    # slots and its prefetch (the default: its slots) while acks are in flight.
-    assert max(batches) <= 3 * 32
+    # slots and its prefetch while acks are in flight.
+    assert max(batches) <= 2 * (32 + PREFETCH_MAX)
     rows = sql(pg_dsn, pg_schema, "SELECT state, attempts, result::text FROM trio_jobs_jobs")
     assert len(rows) == 200
     assert {(r[0], r[1]) for r in rows} == {("done", 1)}
