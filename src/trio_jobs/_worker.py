@@ -168,7 +168,10 @@ class Worker:
 
     ``concurrency`` is the worker's slots per queue (an ``int`` gives every
     served queue that many); a job's own ``concurrency`` is the fleet-wide cap,
-    enforced on top. ``max_in_flight`` caps the whole process. ``observer``
+    enforced on top. ``prefetch`` is how many jobs a queue may hold claimed
+    ahead of need, not yet started (an ``int``, or a mapping per queue; ``0``
+    none; ``None``, the default: while the queue's attempts are quick, about
+    50 ms of its slots' work, at least its slots, at most 256). ``max_in_flight`` caps the whole process. ``observer``
     (a :class:`WorkerObserver`, e.g. ``trio_jobs.web.PrometheusObserver()``)
     is told when slots are taken and freed, attempts end and leases are lost.
     ``rate_per_tenant=(limit, per)`` caps the bodies of one tenant this process
