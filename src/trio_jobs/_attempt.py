@@ -95,6 +95,7 @@ class Attempt:
         "outcome",
         "pending",
         "phase",
+        "ran",
         "state",
         "traced",
     )
@@ -111,6 +112,9 @@ class Attempt:
         self.on_move = on_move
         self.traced = False
         self.state: RunState | None = None
+        #: A run state was attached (the slot ran the attempt), kept once the
+        #: state itself is let go (:meth:`let_go`).
+        self.ran = False
         self.handle: Job[Any, Any] | None = None
         #: When the signal aborted (the drain deadline runs from there).
         self.abort_at: float | None = None
@@ -153,6 +157,7 @@ class Attempt:
         """The run state exists: an abort that came first applies now, and a
         write the state finds refused marks the attempt lost."""
         self.state = state
+        self.ran = True
         state.on_lost = self._state_lost
         if self.pending is not None:
             state.signal.abort(*self.pending)
@@ -163,6 +168,16 @@ class Attempt:
         """The slot is done with the attempt: drop the run state's link back to it."""
         if self.state is not None:
             self.state.on_lost = None
+
+    def let_go(self) -> None:
+        """The body is done and its ack built: the run state (input, steps,
+        records, signal) dies now, not when the ack answers (fewer objects
+        alive across the round trip, less for the garbage collector to walk).
+        Settling needs only the claim, the phase and the ack itself."""
+        state = self.state
+        if state is not None:
+            state.on_lost = None
+            self.state = None
 
     def _state_lost(self) -> None:
         # A write found the lease gone. An abandoned body may still be writing:

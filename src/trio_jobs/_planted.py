@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from . import _consumer, _context, _retry, _unwind
-from ._attempt import Attempt
+from ._attempt import Attempt, Phase
 from ._context import Compensator, RunState, Steps
 from ._context import _call as _context_call
 from ._facade import Transaction
@@ -67,10 +67,11 @@ def _patched(owner: object, name: str, new: object) -> Iterator[None]:
 
 def _double_settle(stack: _Stack) -> None:
     """The worker settles a run twice, and the driver lets it: the worker's ack
-    write is written a second time (a bare ack of the same fence), and the
-    memory driver's fence check lets a settle land on a row this fence already
-    settled."""
+    write is written a second time (a bare ack of the same fence; the ack
+    pipeline's batch sends its landed acks again), and the memory driver's
+    fence check lets a settle land on a row this fence already settled."""
     settle_write = Worker._settle_write
+    send_batch = Worker._send_batch
     owned = memory.MemoryDriver._owned
 
     async def twice(
@@ -99,7 +100,18 @@ def _double_settle(stack: _Stack) -> None:
             return row
         return owned(self, job_id, fence, now)
 
+    async def send_twice(self: Worker, sink: Any, batch: Any, nursery: Any) -> None:
+        await send_batch(self, sink, batch, nursery)
+        again = [
+            (h.claimed.id, AckOptions(fence=h.claimed.fence))
+            for h, _o, _d, _b in batch
+            if h.phase is Phase.SETTLED
+        ]
+        if again:
+            await sink.ack_many(again)
+
     stack.enter_context(_patched(Worker, "_settle_write", twice))
+    stack.enter_context(_patched(Worker, "_send_batch", send_twice))
     stack.enter_context(_patched(memory.MemoryDriver, "_owned", owned_or_settled))
 
 
@@ -311,6 +323,31 @@ def _children_apart(stack: _Stack) -> None:
     stack.enter_context(_patched(_context, "_enqueue_children", apart))
 
 
+def _settled_before_ack(stack: _Stack) -> None:
+    """The ack pipeline settles an attempt when its slot hands the ack over,
+    before the ack lands: the attempt is SETTLED, counted done and forgotten
+    (no more renewals, its room freed) while its row still runs; the answer,
+    when it comes, is ignored."""
+    hand_ack = Worker._hand_ack
+    acked = Worker._acked
+    early: dict[int, Attempt] = {}
+
+    def settle_now(
+        self: Worker, held: Attempt, ack: AckOptions, deadline: float, began: float | None
+    ) -> None:
+        hand_ack(self, held, ack, deadline, began)
+        early[id(held)] = held
+        acked(self, held, True, began)
+
+    def answer(self: Worker, held: Attempt, landed: bool, began: float | None) -> None:
+        if early.pop(id(held), None) is not None:
+            return
+        acked(self, held, landed, began)
+
+    stack.enter_context(_patched(Worker, "_hand_ack", settle_now))
+    stack.enter_context(_patched(Worker, "_acked", answer))
+
+
 _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "double-settle": _double_settle,
     "unfenced-settle": _unfenced_settle,
@@ -327,6 +364,7 @@ _PLANTERS: dict[str, Callable[[_Stack], None]] = {
     "watermark-apart": _watermark_apart,
     "cursor-apart": _cursor_apart,
     "children-apart": _children_apart,
+    "settled-before-ack": _settled_before_ack,
 }
 
 NAMES = frozenset(_PLANTERS)

@@ -81,6 +81,12 @@ PROGRESS_INTERVAL = 1.0
 #: The idle poll ceiling, and the one while the driver's wake is proven live.
 IDLE_POLL_MAX = 2.0
 IDLE_POLL_MAX_PROVEN = 5.0
+#: The default prefetch claims ahead for a queue whose attempts held their slot
+#: less than this on average (seconds): about PREFETCH_AHEAD seconds of its
+#: slots' work, at least its slots and at most PREFETCH_MAX jobs.
+PREFETCH_QUICK = 0.1
+PREFETCH_AHEAD = 0.05
+PREFETCH_MAX = 256
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
 #: The most acks the ack pipeline sends in one call of the driver's ``ack_many``...
@@ -107,6 +113,9 @@ class WorkerStats:
     #: Runs handed back uncounted because the library's own statements for them
     #: met an infrastructure fault (a lost connection, a deadlock) past its retries.
     faulted: int = 0
+    #: Jobs claimed ahead of need, waiting for a free slot of their queue (not
+    #: in ``in_flight``; see ``Worker(prefetch=)``).
+    prefetched: int = 0
 
 
 def _claim_key(claimed: ClaimedJob) -> tuple[str, int]:
@@ -159,7 +168,10 @@ class Worker:
 
     ``concurrency`` is the worker's slots per queue (an ``int`` gives every
     served queue that many); a job's own ``concurrency`` is the fleet-wide cap,
-    enforced on top. ``max_in_flight`` caps the whole process. ``observer``
+    enforced on top. ``prefetch`` is how many jobs a queue may hold claimed
+    ahead of need, not yet started (an ``int``, or a mapping per queue; ``0``
+    none; ``None``, the default: while the queue's attempts are quick, about
+    50 ms of its slots' work, at least its slots, at most 256). ``max_in_flight`` caps the whole process. ``observer``
     (a :class:`WorkerObserver`, e.g. ``trio_jobs.web.PrometheusObserver()``)
     is told when slots are taken and freed, attempts end and leases are lost.
     ``rate_per_tenant=(limit, per)`` caps the bodies of one tenant this process
@@ -191,6 +203,7 @@ class Worker:
         observer: WorkerObserver | None = None,
         fleet: _rate.Fleet = "many",
         rate_per_tenant: tuple[int, Duration] | None = None,
+        prefetch: int | Mapping[str, int] | None = None,
     ) -> None:
         if not isinstance(jobs, Jobs):
             raise JobsError(
@@ -228,6 +241,26 @@ class Worker:
                 code, "max_in_flight must be a whole number, 1 or more (or None for no cap)"
             )
         self.max_in_flight = max_in_flight
+        #: Claimed ahead of need, per queue: how many jobs beyond its slots a
+        #: queue may hold claimed and not yet started, as given; a queue not
+        #: given one (``prefetch=None``, or missing from the mapping) claims
+        #: as many as its slots ahead while its bodies are quick (see _room).
+        self.prefetch: dict[str, int | None] = {}
+        for q in self.queues:
+            extra = prefetch.get(q) if isinstance(prefetch, Mapping) else prefetch
+            if extra is not None and (
+                isinstance(extra, bool) or not isinstance(extra, int) or extra < 0
+            ):
+                raise JobsError(
+                    ErrorCode.X_CONFIG_INVALID,
+                    f"prefetch for queue {q!r} must be a whole number, 0 or more "
+                    "(or None: its slots while its jobs are quick)",
+                )
+            self.prefetch[q] = extra
+        #: Per queue, a moving average of how long its attempts held a slot
+        #: (inf before the first): the default prefetch claims ahead only
+        #: while it is under PREFETCH_QUICK.
+        self._took: dict[str, float] = dict.fromkeys(self.queues, math.inf)
         self.poll_interval = parse_duration(poll_interval, field="poll_interval")
         # None: 2 s, and 5 s while the driver's wake is proven live (the spec's default).
         self._idle_poll_max_set = (
@@ -262,6 +295,11 @@ class Worker:
         self._held: dict[tuple[str, int], Attempt] = {}
         self._progress_wanted = trio.Event()
         self._in_flight: dict[str, int] = dict.fromkeys(self.queues, 0)
+        # Of those, per queue: the attempts a slot task runs now (never more
+        # than the queue's slots), and those whose ack the pipeline holds (the
+        # body is done: they leave the queue's room to the next claim).
+        self._running: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self._acking: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._rotation = 0
         self._started = False
         self._stopping = False
@@ -271,7 +309,11 @@ class Worker:
         self._slot_freed: trio.Event | None = None
         # The slot tasks (see _dispatch): parked ones wait for an attempt.
         self._parked: list[trio.lowlevel.Task] = []
-        self._ready: deque[Attempt] = deque()
+        # Claimed, not yet started (claimed ahead of need, or no slot task was
+        # free), per queue, in claim order; _ready_n counts them all.
+        self._ready: dict[str, deque[Attempt]] = {q: deque() for q in self.queues}
+        self._ready_n = 0
+        self._services: trio.Nursery | None = None
         self._slot_tasks = 0
         self._slots_closing = False
         self._wait_scope: trio.CancelScope | None = None
@@ -312,6 +354,11 @@ class Worker:
         self._acks_kick: trio.Event | None = None
         self._acks_closing = False
         self._acks_sending = 0
+        self._acks_sent = 0
+        #: Awaited before the pipeline takes each batch; None in production. The
+        #: simulation's arbiter grants it, so which acks form a batch is the
+        #: seed's choice, never Trio's scheduler order.
+        self._ack_gate: Callable[[], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -320,9 +367,10 @@ class Worker:
         if self.max_in_flight is not None:
             capacity = min(capacity, self.max_in_flight)
         return WorkerStats(
-            in_flight=len(self._held),
+            in_flight=len(self._held) - self._ready_n,
             capacity=capacity,
             max_in_flight=self.max_in_flight,
+            prefetched=self._ready_n,
             **self._counts,
         )
 
@@ -400,6 +448,7 @@ class Worker:
             return
         self._draining = True
         self._stop_claiming()
+        self._hand_back_unstarted()
         for held in list(self._held.values()):
             held.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining (SIGTERM or drain())")
 
@@ -439,6 +488,9 @@ class Worker:
         fleet = _ambient.fleet_var.set(self.fleet)  # the slots inherit it
         try:
             async with trio.open_nursery() as services:
+                # (open until the slots and the acks are done: a drain's
+                # hand-backs of unstarted jobs run here, see _hand_back_unstarted)
+                self._services = services
                 services.start_soon(self._heartbeat_loop)
                 services.start_soon(self._progress_loop)
                 services.start_soon(self._watch_cancel)
@@ -469,6 +521,7 @@ class Worker:
                             self._acks_kick.set()
                 services.cancel_scope.cancel()
         finally:
+            self._services = None
             _ambient.fleet_var.reset(fleet)
             self._finished.set()
             self._observer.worker_stopped(self.id, self.stats().capacity)
@@ -481,16 +534,62 @@ class Worker:
                         pass
 
     def _room(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
-        """This worker's free slots split over its queues (:func:`_room.share_room`)."""
+        """This worker's free room split over its queues (:func:`_room.share_room`).
+
+        A queue's room is its slots plus its prefetch (:meth:`_prefetch_of`:
+        jobs claimed ahead of need, started as its slots free up), less its
+        *active* attempts (held, their ack not yet handed to the pipeline); the
+        attempts whose ack the pipeline holds may take as much again, so a
+        queue never holds more than ``2 * (slots + prefetch)`` rows.
+        ``max_in_flight`` caps the active attempts of the whole process (a
+        worker at the cap claims nothing)."""
+        slots, in_flight, acking = self.slots, self._in_flight, self._acking
+        limit: dict[str, int] = {}
+        used: dict[str, int] = {}
+        active_n = 0
+        for q in self.queues:
+            active = in_flight[q] - acking[q]
+            active_n += active
+            limit[q] = slots[q] + self._prefetch_of(q)
+            used[q] = max(active, in_flight[q] - limit[q])
         return share_room(
             self.queues,
-            self.slots,
-            self._in_flight,
-            held=len(self._held),
+            limit,
+            used,
+            held=active_n,
             max_in_flight=self.max_in_flight,
             rotation=self._rotation,
             skip=skip,
         )
+
+    def _prefetch_of(self, q: str) -> int:
+        """Queue ``q``'s prefetch now: as given; by default its slots while its
+        attempts are quick (a job claimed ahead waits about one attempt for its
+        slot: a long wait for a long job another worker could have run), else 0."""
+        given = self.prefetch[q]
+        if given is not None:
+            return given
+        took, slots = self._took[q], self.slots[q]
+        if took >= PREFETCH_QUICK:
+            return 0
+        ahead = int(slots * PREFETCH_AHEAD / took) if took > 0 else PREFETCH_MAX
+        return max(slots, min(ahead, PREFETCH_MAX))
+
+    def _took_slot(self, q: str, seconds: float) -> None:
+        took = self._took[q]
+        self._took[q] = seconds if took == math.inf else 0.8 * took + 0.2 * seconds
+
+    def _claim_due(self) -> bool:
+        """Whether to claim now: room for a batch (half the prefetch: a claim
+        asks for a batch, not for the one row an attempt just freed), or any
+        room while a slot task could start a job and none is waiting."""
+        want = self._room()
+        if not want:
+            return False
+        low = sum(self._prefetch_of(q) for q in want) // 2
+        if sum(want.values()) >= max(1, low):
+            return True
+        return self._ready_n == 0 and sum(self._running.values()) < self._capacity()
 
     async def _claim_pass(self, nursery: trio.Nursery, drop: frozenset[str]) -> tuple[int, bool]:
         """One pass: claim the room, then hand what a queue that came back short
@@ -528,7 +627,7 @@ class Worker:
                     # hand it straight back, uncounted.
                     held.abort(ErrorCode.X_DRAINING, f"worker {self.id} is draining")
                 self._held[_claim_key(claimed)] = held
-                self._in_flight[claimed.queue] = self._in_flight.get(claimed.queue, 0) + 1
+                self._in_flight[claimed.queue] += 1
                 got[claimed.queue] = got.get(claimed.queue, 0) + 1
                 self._dispatch(nursery, held)
             claimed_n += len(result.jobs)
@@ -547,7 +646,7 @@ class Worker:
         delay = self.poll_interval
         drop = frozenset(h.name for h in self.jobs.handles.values() if not h.retry.dead_letter)
         while not self._stopping:
-            if not self._room():
+            if not self._claim_due():
                 self._slot_freed = trio.Event()
                 await self._slot_freed.wait()
                 continue
@@ -683,6 +782,7 @@ class Worker:
             if self._held:
                 self._draining = True
                 self._stop_claiming()
+                self._hand_back_unstarted()
                 for held in list(self._held.values()):
                     held.abort(ErrorCode.X_DRAINING, f"worker {self.id} was cancelled")
 
@@ -840,16 +940,75 @@ class Worker:
     # ------------------------------------------------------------------ a slot
 
     def _dispatch(self, nursery: trio.Nursery, held: Attempt) -> None:
-        """Hand a claimed attempt to a parked slot task; start one while there are
-        fewer than the worker's capacity; else queue it for the next slot task
-        that finishes (the claimer claims only free room, so this is rare)."""
-        if self._parked:
-            trio.lowlevel.reschedule(self._parked.pop(), outcome.Value(held))
-        elif self._slot_tasks < self._capacity():
-            self._slot_tasks += 1
-            nursery.start_soon(self._slot_task, held)
-        else:
-            self._ready.append(held)
+        """Start a claimed attempt when its queue has a free slot and a slot task
+        can take it: hand it to a parked slot task, or start one while there
+        are fewer than the worker's capacity. Else queue it (claimed ahead of
+        need) for the next slot task that finishes one of that queue's jobs."""
+        q = held.claimed.queue
+        running = self._running
+        if running[q] < self.slots[q] and not self._ready[q]:
+            if self._parked:
+                running[q] += 1
+                trio.lowlevel.reschedule(self._parked.pop(), outcome.Value(held))
+                return
+            if self._slot_tasks < self._capacity():
+                running[q] += 1
+                self._slot_tasks += 1
+                nursery.start_soon(self._slot_task, held)
+                return
+        self._ready[q].append(held)
+        self._ready_n += 1
+
+    def _next_ready(self) -> Attempt | None:
+        """A slot task finished an attempt: the next claimed one whose queue has
+        a free slot (queues in order), counted running; None when there is none."""
+        if not self._ready_n:
+            return None
+        running, slots = self._running, self.slots
+        for q, ready in self._ready.items():
+            if ready and running[q] < slots[q]:
+                self._ready_n -= 1
+                running[q] += 1
+                return ready.popleft()
+        return None
+
+    def _left(self, held: Attempt) -> None:
+        """A slot task is done with ``held`` (settled, or its ack handed to the
+        pipeline): a slot of its queue is free; a parked slot task takes any
+        waiting attempt that this frees beyond the one the leaving task takes."""
+        self._running[held.claimed.queue] -= 1
+
+    def _wake_parked(self) -> None:
+        while self._parked and self._ready_n:
+            nxt = self._next_ready()
+            if nxt is None:
+                return
+            trio.lowlevel.reschedule(self._parked.pop(), outcome.Value(nxt))
+
+    def _hand_back_unstarted(self) -> None:
+        """A drain: every attempt claimed ahead of need and not yet started goes
+        back to its queue at once, uncounted (its body never ran)."""
+        nursery = self._services
+        if nursery is None or not self._ready_n:
+            return
+        for ready in self._ready.values():
+            while ready:
+                held = ready.popleft()
+                self._ready_n -= 1
+                nursery.start_soon(self._unstarted_back, held)
+
+    async def _unstarted_back(self, held: Attempt) -> None:
+        claimed = held.claimed
+        try:
+            with _bounded_shield():
+                if await self._nack(
+                    held, NackOptions(fence=claimed.fence, state="ready", counted=False)
+                ):
+                    self._count("drained", held, ErrorCode.X_DRAINING)
+        except Exception:
+            self._slot_failed(claimed)
+        finally:
+            self._freed(held, None)
 
     def _capacity(self) -> int:
         total = sum(self.slots.values())
@@ -883,6 +1042,7 @@ class Worker:
             return trio.lowlevel.Abort.SUCCEEDED
 
         held: Attempt | None = first
+        nxt: Attempt | None
         try:
             while held is not None:
                 rest: Callable[[], Awaitable[None]] | None = None
@@ -891,14 +1051,16 @@ class Worker:
                         rest = await self._fast(held, scope)
                         if rest is not None or scope.cancel_called:
                             break
+                        self._left(held)
                         # The next attempt, inline (one wake a job: the claimer's).
-                        if self._ready:
-                            held = self._ready.popleft()
+                        nxt = self._next_ready()
+                        held = None  # (the finished attempt dies here, not at the next)
+                        if nxt is not None:
+                            held = nxt
+                            self._wake_parked()
                             task.context = pristine.copy()
                             await trio.lowlevel.cancel_shielded_checkpoint()
-                        elif self._slots_closing:
-                            held = None
-                        else:
+                        elif not self._slots_closing:
                             task.context = pristine.copy()
                             parked.append(task)
                             held = await trio.lowlevel.wait_task_rescheduled(abort)
@@ -906,19 +1068,25 @@ class Worker:
                         return
                 if rest is not None:
                     await rest()
-                if self._ready:
-                    held = self._ready.popleft()
+                    rest = None
+                assert held is not None
+                self._left(held)
+                nxt = self._next_ready()
+                held = None
+                if nxt is not None:
+                    held = nxt
+                    self._wake_parked()
                     task.context = pristine.copy()
                     # The next step runs in the fresh context; no Cancelled here
                     # (the attempt is ours now, and _slot answers for it).
                     await trio.lowlevel.cancel_shielded_checkpoint()
-                elif self._slots_closing:
-                    held = None
-                else:
+                elif not self._slots_closing:
                     task.context = pristine.copy()
                     held = await self._park(task)
         finally:
             self._slot_tasks -= 1
+            if held is not None:
+                self._left(held)
 
     async def _park(self, task: trio.lowlevel.Task) -> Attempt | None:
         self._parked.append(task)
@@ -1078,18 +1246,24 @@ class Worker:
             )
             if self._ack_sink is not None:
                 # Handed to the ack pipeline: the slot goes on to its next
-                # attempt; the attempt keeps its room until the ack's answer.
+                # attempt; the attempt is held (renewed) until the ack's answer,
+                # its room going to the next claim (see _room), and only what
+                # settling needs stays alive meanwhile (Attempt.let_go).
                 if timeout is not None:
                     scope.deadline = math.inf
                 held.settling()
+                held.let_go()
+                del state, ctx
                 self._hand_ack(held, ack, now + WRITE_BUDGET, None if quiet else began)
                 handed = True
+                self._took_slot(claimed.queue, now - began)
                 return None
             # The ack's write budget on the same scope.
             scope.deadline = now + WRITE_BUDGET
             # What only the body needed dies now, not after the ack's round trip
             # (fewer objects alive across the wait: less for the collector).
-            del ctx, tokens, value, result
+            held.let_go()
+            del ctx, tokens, value, result, state
             try:
                 # (a partial, not a lambda: no Python frame on the ack's wake)
                 landed = await self._settle_write(
@@ -1111,6 +1285,7 @@ class Worker:
             self._slot_failed(claimed)
         finally:
             if rest is None and not handed:
+                self._took_slot(claimed.queue, trio.current_time() - began)
                 self._freed(held, None if quiet else began)
         return None
 
@@ -1125,6 +1300,10 @@ class Worker:
         acks.append((held, ack, deadline, began))
         if len(acks) == 1 and self._acks_kick is not None:
             self._acks_kick.set()
+        # The body is done: its room goes to the next claim (see _room).
+        self._acking[held.claimed.queue] += 1
+        if self._slot_freed is not None:
+            self._slot_freed.set()
 
     async def _ack_loop(self, sink: AckBatches, nursery: trio.Nursery) -> None:
         """The ack pipeline: sends the acks the slots handed off, a batch per
@@ -1142,10 +1321,13 @@ class Worker:
                     self._acks_kick = trio.Event()
                     await self._acks_kick.wait()
                     continue
+                if self._ack_gate is not None:
+                    await self._ack_gate()
                 batch = self._acks[:ACK_BATCH]
                 del self._acks[:ACK_BATCH]
                 self._acks_sending += 1
-                nursery.start_soon(self._send_acks, sink, batch, nursery)
+                self._acks_sent += 1
+                nursery.start_soon(self._send_acks, sink, batch, nursery, self._acks_sent)
                 # Let the send start before the next batch forms: what the slots
                 # hand over meanwhile joins it.
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -1155,9 +1337,11 @@ class Worker:
         sink: AckBatches,
         batch: list[tuple[Attempt, AckOptions, float, float | None]],
         nursery: trio.Nursery,
+        n: int,
     ) -> None:
-        """One batch: its ``ack_many`` call (shielded, bounded by the batch's
-        earliest write budget), then each attempt settled by its answer."""
+        """One batch (the ``n``-th): its ``ack_many`` call (shielded, bounded by
+        the batch's earliest write budget), then each attempt settled by its answer."""
+        _ambient.role_var.set(f"ack:{n}")
         try:
             with trio.CancelScope(shield=True):
                 await self._send_batch(sink, batch, nursery)
@@ -1217,6 +1401,7 @@ class Worker:
         :meth:`_write_after` within what is left of its write budget (the
         driver knows the retry may follow a first try that landed)."""
         claimed = held.claimed
+        _ambient.role_var.set(f"ack:{claimed.id}:{claimed.fence.claim}")
         landed = False
         try:
             with trio.CancelScope(shield=True, deadline=deadline):
@@ -1236,6 +1421,7 @@ class Worker:
     def _acked(self, held: Attempt, landed: bool, began: float | None) -> None:
         """A handed ack's answer: the attempt settles (counted done) or is
         unowned, and its slot's room is free."""
+        self._acking[held.claimed.queue] -= 1
         try:
             self._settle_phase(held, landed)
             if landed:
@@ -1300,6 +1486,7 @@ class Worker:
         except Exception:
             self._slot_failed(held.claimed)
         finally:
+            self._took_slot(held.claimed.queue, trio.current_time() - began)
             self._freed(held, began if self._observer is not _observe.NOOP_OBSERVER else None)
 
     def _slot_failed(self, claimed: ClaimedJob) -> None:
@@ -1318,7 +1505,7 @@ class Worker:
         slot was taken, None for no observer), forget the attempt, free its room."""
         claimed = held.claimed
         if began is not None:
-            ran = trio.current_time() - began if held.state is not None else None
+            ran = trio.current_time() - began if held.ran else None
             self._observer.slot_freed(claimed.queue, claimed.name, ran)
         self._held.pop((claimed.id, claimed.fence.claim), None)
         # The attempt and its run state point at each other (a refused write
@@ -1348,6 +1535,7 @@ class Worker:
         except Exception:
             self._slot_failed(claimed)
         finally:
+            self._took_slot(claimed.queue, trio.current_time() - began)
             self._freed(held, began)
 
     async def _execute(self, held: Attempt) -> None:

@@ -363,11 +363,20 @@ class _Checker:
             self.on_violation()
 
     def on_attempt_move(self, attempt: Attempt, was: Phase, to: Phase) -> None:
-        """A worker's attempt changes phase: only the moves of ``_attempt.LEGAL``."""
+        """A worker's attempt changes phase: only the moves of ``_attempt.LEGAL``;
+        and it is SETTLED only once a settle of its claim landed (a worker that
+        forgot an attempt whose ack was still in flight would stop renewing a
+        row that may yet be refused)."""
         if to not in LEGAL[was]:
             self.fail(
                 f"illegal attempt move {was.value} -> {to.value} of job "
                 f"{attempt.claimed.id} (claim {attempt.claimed.fence.claim})"
+            )
+        claimed = attempt.claimed
+        if to is Phase.SETTLED and (claimed.id, claimed.fence) not in self.settled:
+            self.fail(
+                f"attempt of job {claimed.id} (claim {claimed.fence.claim}) settled before "
+                "any settle of its claim landed"
             )
 
     def on_claim(self, result: ClaimResult) -> None:
@@ -501,8 +510,10 @@ class _SimDriver:
         self.introspect = _Sub(self, "introspect", self._d.introspect)
         self.backfills = _Sub(self, "backfills", self._d.backfills)
         self.tasks = _Sub(self, "tasks", self._d.tasks)
-        #: The seeded runs drive every ack through ack() (the wrapper sees each).
-        self.acks = None
+        #: The worker's ack pipeline under the seeded runs: each batch one gated
+        #: call (its faults, crashes and pauses), each of its acks checked as
+        #: ack()'s is; a batch that failed retries its acks through ack().
+        self.acks = _SimAcks(self) if self._d.acks is not None else None
         self.wake = _SimWake(self) if self._d.wake is not None else None
         self.event_poll_default = 30.0
         #: Never closed under the simulation: a crashed worker raises ``Killed``.
@@ -635,6 +646,11 @@ class _SimDriver:
             for r in result:
                 checker.enqueued.add(r.id)
             sim.record(self.label, "enqueue", [(r.id[:8], r.deduped) for r in result])
+        elif method == "acks.ack_many":
+            for (job_id, options), landed in zip(args[0], result, strict=True):
+                checker.on_settle(job_id, options.fence, bool(landed))
+            pairs = zip(args[0], result, strict=True)
+            sim.record(self.label, "ack_many", [(j[:8], bool(x)) for (j, _o), x in pairs])
         elif method in ("ack", "nack"):
             job_id, options = args
             checker.on_settle(job_id, options.fence, bool(result))
@@ -690,6 +706,19 @@ class _SimDriver:
     async def attempt_log(self, job_id: str) -> Any:
         # An operator's read: never gated (no worker path calls it).
         return await self._d.attempt_log(job_id)
+
+
+class _SimAcks:
+    """The shared driver's ``acks``, gated as one call a batch."""
+
+    def __init__(self, owner: _SimDriver) -> None:
+        self._owner = owner
+
+    async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> Any:
+        owner = self._owner
+        inner = owner._d.acks
+        assert inner is not None
+        return await owner._call("acks.ack_many", inner.ack_many, list(acks))
 
 
 class _Sub:
@@ -908,6 +937,7 @@ _TOUCHED: dict[str, Callable[[tuple[Any, ...], Any], list[str]]] = {
     "claim": lambda args, result: [j.id for j in result.jobs] + [e.id for e in result.exhausted],
     "enqueue_many": lambda args, result: [r.id for r in result],
     "ack": _first_arg,
+    "acks.ack_many": lambda args, result: [job_id for job_id, _options in args[0]],
     "nack": _first_arg,
     "introspect.cancel": _first_arg,
     "introspect.requeue": _first_arg,
@@ -1055,6 +1085,16 @@ async def _simulate(
         )
         # Every attempt's move is held to the worker's one table (_attempt.LEGAL).
         worker._on_move = sim.checker.on_attempt_move
+
+        async def ack_gate() -> None:
+            # The ack pipeline takes its next batch when the arbiter says.
+            if proxy.dead:
+                raise Killed()
+            await sim.arbiter.permit(worker_label)
+            if proxy.dead:
+                raise Killed()
+
+        worker._ack_gate = ack_gate
         sim.workers[proxy.label] = worker
         try:
             async with trio.open_nursery() as inner:

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from trio_jobs import JobContext, Worker, job, open_jobs
+from trio_jobs._worker import PREFETCH_MAX
 from trio_jobs.drivers.postgres import postgres_driver
 from trio_jobs.errors import ErrorCode, JobsError
 
@@ -56,7 +57,9 @@ async def test_acks_go_through_the_pipeline_and_each_job_is_done_once(
             await _until(all_done, "200 done")
             await worker.drain()
     assert sum(batches) == 200  # every ack through ack_many, none through ack()
-    assert max(batches) <= 32  # never more acks in flight than rows held
+    # Never more acks in flight than rows held: a queue holds at most twice its
+    # slots and its prefetch while acks are in flight.
+    assert max(batches) <= 2 * (32 + PREFETCH_MAX)
     rows = sql(pg_dsn, pg_schema, "SELECT state, attempts, result::text FROM trio_jobs_jobs")
     assert len(rows) == 200
     assert {(r[0], r[1]) for r in rows} == {("done", 1)}
@@ -130,7 +133,7 @@ async def test_a_refused_ack_is_unowned_and_frees_its_room(pg_dsn: str, pg_schem
     assert sql(pg_dsn, pg_schema, "SELECT state FROM trio_jobs_jobs") == [("running",)]
 
 
-async def test_an_ack_in_flight_holds_its_room_and_the_drain_waits_for_it(
+async def test_an_ack_in_flight_leaves_its_room_to_the_next_claim_and_the_drain_waits_for_it(
     pg_dsn: str, pg_schema: str
 ) -> None:
     driver = postgres_driver(pg_dsn, schema=pg_schema)
@@ -152,22 +155,24 @@ async def test_an_ack_in_flight_holds_its_room_and_the_drain_waits_for_it(
             await nursery.start(worker.run)
             await sending.wait()
             await trio.sleep(0.3)
-            # The body returned, its ack is held back: its room is still taken,
-            # so no second row is claimed (one row running, one in flight).
-            assert worker.stats().in_flight == 1
+            # The body returned, its ack is held back: its room goes to the next
+            # claims (one slot: the bodies ran one after another), and every
+            # row is still running until its ack lands.
+            assert worker.stats().in_flight == 3
+            assert worker.stats().done == 0
             assert sql(
                 pg_dsn, pg_schema, "SELECT count(*) FROM trio_jobs_jobs WHERE state = 'running'"
-            ) == [(1,)]
+            ) == [(3,)]
             nursery.start_soon(worker.drain)
             await trio.sleep(0.3)
             release.set()
-    # The drain waited for the ack's answer: the job is done, not handed back.
-    assert worker.stats().done == 1
+    # The drain waited for the acks' answers: the jobs are done, not handed back.
+    assert worker.stats().done == 3
     assert worker.stats().drained == 0
     assert sorted(r[0] for r in sql(pg_dsn, pg_schema, "SELECT state FROM trio_jobs_jobs")) == [
         "done",
-        "ready",
-        "ready",
+        "done",
+        "done",
     ]
 
 

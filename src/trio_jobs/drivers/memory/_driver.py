@@ -257,8 +257,9 @@ class MemoryDriver:
         self.wake: _Wake | None = self._wake
         self.backfills: MemoryBackfills | None = MemoryBackfills(self.now, self._check_open)
         self.tasks: MemoryTasks | None = MemoryTasks(self)
-        #: No batched ack: each slot awaits its own ack (the worker's inline path).
-        self.acks: AckBatches | None = None
+        #: The batched ack (the worker's ack pipeline, as on PostgreSQL): each
+        #: ack of a batch settled as ack() settles it, in one step of the loop.
+        self.acks: AckBatches | None = _MemoryAcks(self)
         self.opened = False
         self.closed = False
 
@@ -900,6 +901,19 @@ class _MemorySteps:
         if old is not None and old.seq != record.seq:
             record = attrs.evolve(record, seq=old.seq)
         steps[record.name] = record
+
+
+class _MemoryAcks:
+    """``AckBatches`` for the memory driver: a batch is its acks, one after
+    another through :meth:`MemoryDriver.ack` (no await between them: one
+    statement), one answer each in order."""
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        self._d = driver
+
+    async def ack_many(self, acks: Sequence[tuple[str, AckOptions]]) -> builtins.list[bool]:
+        ack = self._d.ack
+        return [await ack(job_id, options) for job_id, options in acks]
 
 
 class _MemoryEvents:
