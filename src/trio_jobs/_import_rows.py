@@ -35,6 +35,7 @@ from ._backfill import MAX_NAME
 from ._context import _call
 from ._declare import Concurrency, Job, Retry, check_factory_name, check_function, job
 from ._enqueue import _MISSING
+from ._gc_pause import paused_gc
 from ._import_form import FieldFault, csv_maker, fault_field
 from ._serialization import converter
 from ._store import ObjectMeta, get_range, head, put
@@ -798,13 +799,40 @@ async def _csv_page(
     header: list[str] | None,
 ) -> list[str] | None:
     """Read one page's records (``None``: one that is not UTF-8). ``clean``: no
-    record holds a NUL; ``crlf``: a record may end with a carriage return."""
+    record holds a NUL; ``crlf``: a record may end with a carriage return.
+
+    The rows are built a batch at a time by :func:`_csv_rows`, a loop with no
+    ``await`` in it, with the cyclic collector held off (:class:`paused_gc`):
+    the batch's instances all live until it is handled, so a collection inside
+    the loop finds nothing to free. The batch is sent outside the pause."""
+    records = parsed[0]
+    at, end = 0, len(records)
+    while at < end:
+        with paused_gc():
+            at, header = _csv_rows(spec, work, parsed, unclosed_at_end, first_line, header, at)
+        if len(work.pending) >= spec.batch:
+            await work.flush()
+    return header
+
+
+def _csv_rows(
+    spec: _Spec,
+    work: _Parse,
+    parsed: tuple[list[str | None], list[int] | None, bool, bool],
+    unclosed_at_end: bool,
+    first_line: int,
+    header: list[str] | None,
+    at: int,
+) -> tuple[int, list[str] | None]:
+    """The page's records from ``at`` on, made rows onto ``work.pending`` until
+    a batch is full or the page ends: the index to go on from, and the header."""
     records, starts, clean, crlf = parsed
     width = len(spec.columns)
     make = None if header is None else work.fns.maker(header)
     size, pending = spec.batch, work.pending
     last = len(records) - 1
-    for i, text in enumerate(records):
+    for i in range(at, len(records)):
+        text = records[i]
         if crlf and text is not None and text.endswith("\r"):
             text = text[:-1]
         if not text:
@@ -833,9 +861,8 @@ async def _csv_page(
             continue
         pending.append(row)
         if len(pending) >= size:
-            await work.flush()
-            pending = work.pending
-    return header
+            return i + 1, header
+    return len(records), header
 
 
 def _line(first_line: int, starts: list[int] | None, i: int) -> int:
