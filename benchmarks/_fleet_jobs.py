@@ -55,3 +55,10 @@ def _time_claims(folder: str) -> None:
 
 if os.environ.get("TJ_FLEET_CLAIMS"):
     _time_claims(os.environ["TJ_FLEET_CLAIMS"])
+
+
+if os.environ.get("TJ_FLEET_PREFETCH_MAX"):
+    # An experiment's knob: the default prefetch's ceiling in every worker process.
+    import trio_jobs._worker as _w
+
+    _w.PREFETCH_MAX = int(os.environ["TJ_FLEET_PREFETCH_MAX"])

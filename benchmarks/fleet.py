@@ -25,6 +25,10 @@ jobs/s it reports:
 * WAL bytes per job: ``pg_current_wal_lsn()`` before and after, over the jobs
   (server-wide: another database's writes on a shared server count too).
 
+``TJ_FLEET_PREFETCH_MAX=N`` in the environment sets the default prefetch's
+ceiling (``trio_jobs._worker.PREFETCH_MAX``) in every worker process: an
+experiment's knob (``benchmarks._fleet_jobs``).
+
 ``--pgbouncer`` runs the workers' ``dsn`` through a PgBouncer in transaction
 mode started for the run (``tests/drivers/postgres/pgbouncer.py``), with
 ``--listen-database-url`` direct.
