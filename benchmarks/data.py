@@ -30,6 +30,8 @@ from typing import Any
 
 WORK = pathlib.Path(__file__).resolve().parent / ".work"
 COLUMNS = ["id", "name", "email", "score", "active", "note"]
+#: Every generated row's note: a fixed text the size of a short comment.
+NOTE = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod"
 TYPES = ["int8", "text", "text", "float8", "bool", "text"]
 CREATE = (
     "create table {t} (id bigint primary key, name text not null, email text not null, "
@@ -78,7 +80,7 @@ def generate(rows: int) -> pathlib.Path:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as f:
         f.write(",".join(COLUMNS) + "\n")
-        note = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod"
+        note = NOTE
         for start in range(1, rows + 1, 10_000):
             f.write(
                 "".join(

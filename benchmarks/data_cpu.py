@@ -24,8 +24,7 @@ import trio
 from trio_jobs import _export_rows, _import_rows
 from trio_jobs._gc_pause import paused_gc
 
-COLUMNS = ("id", "name", "email", "score", "active", "note")
-NOTE = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod"
+from .data import COLUMNS, NOTE
 
 
 @attrs.frozen

@@ -154,7 +154,12 @@ async def test_an_ack_in_flight_leaves_its_room_to_the_next_claim_and_the_drain_
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             await sending.wait()
-            await trio.sleep(0.3)
+
+            async def three_held() -> bool:
+                return worker.stats().in_flight == 3
+
+            # Waited for, not slept on: a loaded box may take longer than any sleep.
+            await _until(three_held, "three rows held")
             # The body returned, its ack is held back: its room goes to the next
             # claims (one slot: the bodies ran one after another), and every
             # row is still running until its ack lands.
