@@ -46,6 +46,7 @@ from ._subject import (
     subject_proof,
 )
 from ._task import Occurrence, TaskView, next_fire, task
+from ._time import outside_call
 from ._webhook import Endpoint, WebhookDelivery, WebhookEvent, webhook
 from ._webhook_ledger import (
     WebhookAttempt,
@@ -132,6 +133,7 @@ __all__ = [
     "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
+    "outside_call",
     "postgres_driver",
     "postgres_webhook_ledger",
     "publish_event",

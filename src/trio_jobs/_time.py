@@ -12,6 +12,8 @@ import random
 import re
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Protocol
 
@@ -27,6 +29,7 @@ __all__ = [
     "MAX_DURATION",
     "SystemClock",
     "TrioClock",
+    "outside_call",
     "parse_duration",
 ]
 
@@ -91,6 +94,32 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
+
+
+@asynccontextmanager
+async def outside_call(limit: float) -> AsyncIterator[None]:
+    """A real call out of the process (a webhook's POST, an app's HTTP request),
+    as ``async with outside_call(limit):`` around it.
+
+    Under the seeded simulation (``simulate_jobs``, the ``check`` gate) the call
+    waits for its turn, which the seed draws like a driver call's, and virtual
+    time stands still while it is in flight (no jump, no other call granted),
+    for at most ``limit`` real seconds: its own timeouts read the time the
+    outside world took, not the simulation's jumps, and the seed's trace does
+    not depend on the outside world's latency. Past ``limit`` time moves again
+    (a hung peer cannot hang the run). Anywhere else (a worker in production,
+    Trio's ``MockClock``) it does nothing.
+    """
+    try:
+        clock = trio.lowlevel.current_clock()
+    except RuntimeError:
+        clock = None
+    enter = getattr(clock, "outside", None)
+    if enter is None:
+        yield
+        return
+    async with enter(limit):
+        yield
 
 
 class TrioClock:

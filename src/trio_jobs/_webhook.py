@@ -42,7 +42,7 @@ from ._context import WRITE_BUDGET, _call
 from ._declare import Job, Retry, check_factory_name, job
 from ._enqueue import _MISSING
 from ._serialization import dumps, payload_form
-from ._time import Duration, parse_duration
+from ._time import Duration, outside_call, parse_duration
 from ._validate import text_fault
 from ._webhook_guard import EndpointRefused, check_url, post
 from ._webhook_ledger import WebhookAttempt, WebhookLedger
@@ -586,9 +586,10 @@ class _Spec:
             ),
         ]
         try:
-            status, answered = await post(
-                url, headers, body, guard=self.guard, cap=MAX_ANSWER_BYTES
-            )
+            async with outside_call(self.timeout):
+                status, answered = await post(
+                    url, headers, body, guard=self.guard, cap=MAX_ANSWER_BYTES
+                )
         except EndpointRefused as refused:
             raise _Verdict(
                 None,

@@ -102,6 +102,7 @@ TOP_LEVEL = [
     "memory_webhook_ledger",
     "next_fire",
     "open_jobs",
+    "outside_call",
     "postgres_driver",
     "postgres_webhook_ledger",
     "publish_event",

@@ -22,6 +22,7 @@ import inspect
 import math
 import random
 import sys
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal, overload
@@ -239,7 +240,12 @@ class _Arbiter(trio.abc.Instrument):
         key = (who, role, n)
         task = trio.lowlevel.current_task()
         drawn = False
-        if self.solo is task and self.solo_pass == self.passes and self.clock.acting:
+        if (
+            self.solo is task
+            and self.solo_pass == self.passes
+            and self.clock.acting
+            and not self.clock.held
+        ):
             if self.solo_draws and _quiet(self.clock.now):
                 # Every other task is blocked, and this one is about to be: the
                 # quiescent instant the arbiter would draw at, one pass later.
@@ -778,6 +784,11 @@ class _VirtualClock(trio.abc.Clock):
         self.acting = True
         #: The next deadline, when Trio last found no task runnable.
         self.asked: float | None = None
+        #: Outside calls in flight (``_time.outside_call``): their real-time ends.
+        self.held: dict[int, float] = {}
+        self._holds = 0
+        #: Set by the simulation: ``async with outside(limit)`` around a real call.
+        self.outside: Callable[[float], contextlib.AbstractAsyncContextManager[None]] | None = None
 
     def start_clock(self) -> None:
         return None
@@ -785,10 +796,35 @@ class _VirtualClock(trio.abc.Clock):
     def current_time(self) -> float:
         return self.now
 
+    def hold(self, limit: float) -> int:
+        """An outside call starts: virtual time stands still (no jump, no permit)
+        until it ends or ``limit`` real seconds pass, so its answer arrives at the
+        same virtual instant whatever the outside world's latency."""
+        self._holds += 1
+        self.held[self._holds] = time.monotonic() + max(0.0, limit)
+        return self._holds
+
+    def release(self, token: int) -> None:
+        self.held.pop(token, None)
+
+    def holding(self) -> float:
+        """Real seconds the longest outside call in flight may still hold the clock."""
+        if not self.held:
+            return 0.0
+        left = max(self.held.values()) - time.monotonic()
+        if left <= 0:
+            self.held.clear()  # the calls overran their limit: time moves again
+            return 0.0
+        return left
+
     def deadline_to_sleep_time(self, deadline: float) -> float:
         # Trio asks only when no task is runnable.
         if deadline <= self.now:
             return 0.0
+        if self.held:
+            left = self.holding()
+            if left > 0:
+                return left  # wait for the outside world, for real; the clock stays
         if self.acting:
             self.asked = deadline  # every task blocked: the arbiter's turn, now
             return 0.0
@@ -854,6 +890,7 @@ class _Sim:
         self.arbiter = _Arbiter(random.Random(seed), self.clock)
         self.fault_rng = random.Random(seed * 7919 + 1)
         self.driver = MemoryDriver(clock=_SimClock(self.clock))
+        self.clock.outside = self._outside
         self.checker = _Checker(self.driver)
         self.trace = self.arbiter.trace
         self.job_runs = 0
@@ -865,6 +902,22 @@ class _Sim:
         self.nursery: trio.Nursery | None = None
         self.final_views: list[JobView] = []
         self.final_now = ORIGIN
+
+    @contextlib.asynccontextmanager
+    async def _outside(self, limit: float) -> AsyncIterator[None]:
+        """An outside call (``_time.outside_call``): its turn is a permit the seed
+        draws (its worker's, under its task's role), and while it is in flight the
+        clock is held, so no other call is granted: outside calls run one at a
+        time, in the seed's order, at a virtual instant their latency never moves."""
+        run = _ambient.run_var.get()
+        who = getattr(getattr(run, "driver", None), "label", None) or "outside"
+        await self.arbiter.permit(who)
+        self.record(who, "outside", _ambient.role_var.get())
+        token = self.clock.hold(limit)
+        try:
+            yield
+        finally:
+            self.clock.release(token)
 
     def record(self, *event: Any) -> None:
         self.trace.append((round(self.clock.now, 6), *event))
