@@ -1,8 +1,7 @@
-"""The worker's ack pipeline on Redis (``driver.acks``): a slot hands its ack off
-and goes on; the pipeline sends a batch as one ``ack`` script call, settles each
-attempt by its answer, retries a transient failure alone within the write
-budget, and holds the attempt's room until the answer came
-(docs/explanation/design-choices.md, "Acks leave the slot")."""
+"""The worker's ack pipeline on Redis: the rules every driver keeps
+(tests/drivers/ack_pipeline.py) on this driver, and what only it has: a batch
+is one ``ack`` script call, a bad batch is refused before anything is sent, and
+a batch whose reply was lost is retried ack by ack."""
 
 from __future__ import annotations
 
@@ -13,13 +12,19 @@ import pytest
 import trio
 
 from trio_jobs import JobContext, Worker, job, open_jobs
-from trio_jobs._worker import PREFETCH_MAX
 from trio_jobs.drivers import AckOptions, ClaimOptions
 from trio_jobs.drivers.redis import RedisDriver, redis_driver
 from trio_jobs.drivers.redis._client import translate
 from trio_jobs.errors import ErrorCode, JobsError
 
+from ..ack_pipeline import AckPipelineConformance
 from .conftest import req
+
+
+class TestRedisAckPipeline(AckPipelineConformance):
+    @pytest.fixture
+    def fresh(self, redis_url: str, redis_prefix: str) -> RedisDriver:
+        return redis_driver(redis_url, prefix=redis_prefix)
 
 
 @job(name="rpipe.noop", input=int, idempotency_key=lambda i: f"rpipe:{i}")
@@ -128,46 +133,6 @@ async def test_a_batch_whose_reply_was_lost_is_recognised_by_each_retry(
     assert await driver.acks.ack_many(acks) == [False, False]
 
 
-async def test_acks_go_through_the_pipeline_and_each_job_is_done_once(
-    redis_url: str, redis_prefix: str
-) -> None:
-    driver = redis_driver(redis_url, prefix=redis_prefix)
-    assert driver.acks is not None
-    batches: list[int] = []
-    async with open_jobs(driver, jobs=[noop]) as jobs:
-        await noop.enqueue_many(range(200))
-        calls = ScriptCalls(driver)
-        inner = driver.acks.ack_many
-
-        async def counting(acks: Any) -> list[bool]:
-            batches.append(len(acks))
-            return await inner(acks)
-
-        driver.acks.ack_many = counting  # type: ignore[method-assign]
-        worker = Worker(jobs, concurrency=32)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-
-            async def all_done() -> bool:
-                return worker.stats().done == 200
-
-            await _until(all_done)
-            await worker.drain()
-        rows = await _rows(driver)
-        assert await _done_counted(driver, "rpipe.noop") == 200
-    assert sum(batches) == 200  # every ack through ack_many, none through ack()
-    # One script call a batch (two batches may be in flight at once, so their
-    # calls need not come in the order the batches were formed).
-    assert sorted(calls.acks) == sorted(batches)
-    # Never more acks in flight than rows held: a queue holds at most twice its
-    # slots and its prefetch while acks are in flight.
-    assert max(batches) <= 2 * (32 + PREFETCH_MAX)
-    assert len(rows) == 200
-    assert {(r["st"], r["att"]) for r in rows} == {("done", "1")}
-    assert sorted(int(r["rs"].lstrip("=")) for r in rows) == [2 * i for i in range(200)]
-    assert worker.stats().in_flight == 0
-
-
 async def test_a_transient_failure_of_the_batch_is_retried_alone_and_costs_no_attempt(
     redis_url: str, redis_prefix: str
 ) -> None:
@@ -214,79 +179,3 @@ async def test_a_transient_failure_of_the_batch_is_retried_alone_and_costs_no_at
     # Each ack of the failed batch was retried alone (driver.ack), none other was.
     assert len(alone) == sizes[0] == len(set(alone))
     assert sum(sizes[1:]) == 10 - sizes[0]
-
-
-async def test_a_refused_ack_is_unowned_and_frees_its_room(
-    redis_url: str, redis_prefix: str
-) -> None:
-    driver = redis_driver(redis_url, prefix=redis_prefix)
-    assert driver.acks is not None
-    async with open_jobs(driver, jobs=[noop]) as jobs:
-        await noop.enqueue(1)
-        inner = driver.acks.ack_many
-
-        async def fenced_out(acks: Any) -> list[bool]:
-            # Another worker took the row over: this claim's fence no longer holds.
-            for job_id, _options in acks:
-                await driver.client.hincrby(f"{driver.prefix}:job:{job_id}", "c", 1000)
-            return await inner(acks)
-
-        driver.acks.ack_many = fenced_out  # type: ignore[method-assign]
-        worker = Worker(jobs, concurrency=2)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-
-            async def answered() -> bool:
-                rows = await _rows(driver)
-                return worker.stats().in_flight == 0 and any(int(r["c"]) > 1000 for r in rows)
-
-            await _until(answered)
-            await worker.drain()
-        rows = await _rows(driver)
-        counted = await _done_counted(driver, "rpipe.noop")
-    assert worker.stats().done == 0
-    assert [r["st"] for r in rows] == ["running"]
-    assert counted == 0
-
-
-async def test_an_ack_in_flight_leaves_its_room_to_the_next_claim_and_the_drain_waits_for_it(
-    redis_url: str, redis_prefix: str
-) -> None:
-    driver = redis_driver(redis_url, prefix=redis_prefix)
-    assert driver.acks is not None
-    async with open_jobs(driver, jobs=[noop]) as jobs:
-        await noop.enqueue_many(range(3))
-        inner = driver.acks.ack_many
-        sending = trio.Event()
-        release = trio.Event()
-
-        async def held_back(acks: Any) -> list[bool]:
-            sending.set()
-            await release.wait()
-            return await inner(acks)
-
-        driver.acks.ack_many = held_back  # type: ignore[method-assign]
-        worker = Worker(jobs, concurrency=1, drain_timeout="30s")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            await sending.wait()
-
-            async def three_held() -> bool:
-                return worker.stats().in_flight == 3
-
-            # Waited for, not slept on: a loaded box may take longer than any sleep.
-            await _until(three_held)
-            # The body returned, its ack is held back: its room goes to the next
-            # claims (one slot: the bodies ran one after another), and every
-            # row is still running until its ack lands.
-            assert worker.stats().in_flight == 3
-            assert worker.stats().done == 0
-            assert sum(s.running for s in await driver.stats()) == 3
-            nursery.start_soon(worker.drain)
-            await trio.sleep(0.3)
-            release.set()
-        states = sorted(r["st"] for r in await _rows(driver))
-    # The drain waited for the acks' answers: the jobs are done, not handed back.
-    assert worker.stats().done == 3
-    assert worker.stats().drained == 0
-    assert states == ["done", "done", "done"]
