@@ -5,7 +5,9 @@ the synchronous loops (``paused_gc``) against without, alternated pass by pass
 
 The import: ``_csv_page`` over the benchmark's csv rows (1 MiB pages, batches of
 5,000, each batch held until the next two are made, as a handle's COPY holds
-it). The export: ``render`` of 20,000 rows as the database driver answers them
+it). The ndjson import: ``_ndjson_page`` over the same rows as JSON objects,
+the same way (its batch loop paused since the fourth session; run this file
+with ``PYTHONPATH`` at an older ``src`` for the per-row ``await`` it had). The export: ``render`` of 20,000 rows as the database driver answers them
 (paused here by the benchmark itself: the library's export does not pause).
 No database: only the library's per-row work is measured.
 """
@@ -19,6 +21,7 @@ import time
 from typing import Any
 
 import attrs
+import orjson
 import trio
 
 from trio_jobs import _export_rows, _import_rows
@@ -70,6 +73,30 @@ async def _import_pass(pages: list[list[str | None]], batch: int) -> float:
         return time.process_time() - start
 
 
+async def _ndjson_pass(pages: list[list[bytes]], batch: int) -> float:
+    spec: Any = type(
+        "Spec", (), {"columns": COLUMNS, "batch": batch, "max_row_errors": 0, "schema": Person}
+    )()
+    fns = _import_rows._RowFns(Person)
+    send, recv = trio.open_memory_channel[Any](2)
+    held: list[Any] = []
+
+    async def drain() -> None:
+        async for rows in recv:
+            held.append(rows)
+            del held[:-2]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain)
+        start = time.process_time()
+        for records in pages:
+            work = _import_rows._Parse(spec, 0, fns, send)
+            await _import_rows._ndjson_page(work, records, None, 1)
+            await work.flush()
+        await send.aclose()
+        return time.process_time() - start
+
+
 def _export_pass(pages: list[list[tuple[Any, ...]]], paused: bool) -> float:
     # The library's export does not pause (this measures whether it should).
     guard: Any = paused_gc if paused else contextlib.nullcontext
@@ -95,14 +122,31 @@ def main() -> None:
         ]
         for s in range(1, args.rows + 1, per_page)
     ]
+    objects = [
+        [
+            orjson.dumps(
+                {
+                    "id": i,
+                    "name": f"Person {i}",
+                    "email": f"person{i}@example.com",
+                    "score": i % 1000 / 10,
+                    "active": bool(i % 2),
+                    "note": NOTE,
+                }
+            )
+            for i in range(s, s + per_page)
+        ]
+        for s in range(1, args.rows + 1, per_page)
+    ]
     n = len(pages) * per_page
     real = _import_rows.paused_gc
-    out: dict[str, dict[str, list[float]]] = {"import": {}, "export": {}}
+    out: dict[str, dict[str, list[float]]] = {"import": {}, "ndjson": {}, "export": {}}
     for k in range(args.passes * 2):
         paused = k % 2 == (k // 2) % 2  # ABBA: on, off, off, on, ...
         label = "paused" if paused else "collector on"
         _import_rows.paused_gc = real if paused else contextlib.nullcontext  # type: ignore[assignment]
         out["import"].setdefault(label, []).append(trio.run(_import_pass, pages, 5_000) / n * 1e6)
+        out["ndjson"].setdefault(label, []).append(trio.run(_ndjson_pass, objects, 5_000) / n * 1e6)
         out["export"].setdefault(label, []).append(_export_pass(rows, paused) / n * 1e6)
     _import_rows.paused_gc = real  # type: ignore[misc]
     for phase, runs in out.items():

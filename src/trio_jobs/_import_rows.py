@@ -491,16 +491,6 @@ class _Parse:
         if total > self.spec.max_row_errors:
             raise _Crossed(total, line)
 
-    async def take(self, line: int, values: dict[str, Any]) -> None:
-        try:
-            row = self.fns.hook()(values, self.spec.schema)
-        except Exception as exc:  # cattrs, or the class's own validators
-            self.refuse(line, fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID)
-            return
-        self.pending.append(row)
-        if len(self.pending) >= self.spec.batch:
-            await self.flush()
-
     async def flush(self) -> None:
         """Send the pending rows (the page's step hands them to ``handle``)."""
         if self.pending:
@@ -903,26 +893,58 @@ async def _ndjson_page(
     starts: list[int] | None,
     first_line: int,
 ) -> None:
+    """Read one page's ndjson records, a batch at a time by :func:`_ndjson_rows`
+    under :class:`paused_gc` as :func:`_csv_page` does; each full batch is sent
+    outside the pause."""
+    at, end = 0, len(records)
+    while at < end:
+        with paused_gc():
+            at = _ndjson_rows(work, records, starts, first_line, at)
+        if len(work.pending) >= work.spec.batch:
+            await work.flush()
+
+
+def _ndjson_rows(
+    work: _Parse,
+    records: list[bytes],
+    starts: list[int] | None,
+    first_line: int,
+    at: int,
+) -> int:
+    """The page's records from ``at`` on, structured onto ``work.pending`` until
+    a batch is full or the page ends: the index to go on from."""
     allowed = frozenset(work.spec.columns)
-    for i, record in enumerate(records):
-        line = first_line + (starts[i] if starts is not None else i)
+    hook, schema = work.fns.hook(), work.spec.schema
+    size, pending, loads = work.spec.batch, work.pending, orjson.loads
+    for i in range(at, len(records)):
+        record = records[i]
         if not record.strip():
             continue
         try:
-            value = orjson.loads(record)
+            value = loads(record)
         except orjson.JSONDecodeError:
             code = (
                 ErrorCode.X_IMPORT_ROW_ENCODING
                 if _decode(record) is None
                 else ErrorCode.X_IMPORT_ROW_MALFORMED
             )
-            work.refuse(line, None, code)
+            work.refuse(_line(first_line, starts, i), None, code)
             continue
-        if not isinstance(value, dict):
-            work.refuse(line, None, ErrorCode.X_IMPORT_ROW_MALFORMED)
+        if type(value) is not dict:
+            work.refuse(_line(first_line, starts, i), None, ErrorCode.X_IMPORT_ROW_MALFORMED)
             continue
-        extra = [k for k in value if k not in allowed]
-        if extra:
-            work.refuse(line, sorted(extra)[0][:64], ErrorCode.X_IMPORT_ROW_INVALID)
+        if not allowed.issuperset(value):
+            extra = sorted(k for k in value if k not in allowed)
+            work.refuse(_line(first_line, starts, i), extra[0][:64], ErrorCode.X_IMPORT_ROW_INVALID)
             continue
-        await work.take(line, value)
+        try:
+            row = hook(value, schema)
+        except Exception as exc:  # cattrs, or the class's own validators
+            work.refuse(
+                _line(first_line, starts, i), fault_field(exc), ErrorCode.X_IMPORT_ROW_INVALID
+            )
+            continue
+        pending.append(row)
+        if len(pending) >= size:
+            return i + 1
+    return len(records)

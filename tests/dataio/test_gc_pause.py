@@ -118,3 +118,28 @@ async def test_an_import_leaves_an_app_s_disabled_collector_off(
     assert trace.state == "done", trace.last_error
     assert len(table.rows) == 2
     assert not gc.isenabled()
+
+
+async def test_ndjson_rows_are_built_paused_and_handled_with_the_collector_on(
+    gc_on: None, autojump_clock: Any
+) -> None:
+    SEEN.clear()
+    store = MemoryStore()
+    body = "".join(
+        f'{{"id": {i}, "name": "n", "score": 1.5, "active": true}}\n' for i in range(1, 8)
+    )
+    put(store, "k", body + '{"id": "x", "name": "n", "active": true}\n')
+    at_handle: list[bool] = []
+
+    async def handle(rows: list[Seen], _input: Load) -> None:
+        at_handle.append(gc.isenabled())
+
+    job = make_import(store, Table(), schema=Seen, handle=handle, batch=3, format="ndjson")
+    async with open_harness(jobs=[job]) as h:
+        trace = await h.run(job, Load("k"))
+    assert trace.state == "done", trace.last_error
+    assert trace.result["rows"] == 7
+    assert trace.result["refused"] == 1
+    assert SEEN == [False] * 7  # every row made with the collector paused
+    assert at_handle == [True, True, True]  # batches of 3, 3, 1: each sent after the pause
+    assert gc.isenabled()
