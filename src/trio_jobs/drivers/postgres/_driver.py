@@ -696,6 +696,11 @@ class PostgresDriver:
         statement, one per 1,000; the holders of held keys named."""
         out: list[EnqueueResult | None] = [None] * len(requests)
         ready_queues: set[str] = set()
+        # A batch tries enqueue_fresh first (a plain INSERT, no ON CONFLICT
+        # probe per row); after one chunk met a held key, the call's later
+        # chunks go straight to enqueue_many. A lone request here is one whose
+        # key enqueue_one already found held.
+        fresh = len(requests) > 1
         for start in range(0, len(requests), ENQUEUE_CHUNK):
             # Inputs sharing a live key are one job: the first stands for the rest,
             # which answer its row, deduped.
@@ -711,10 +716,22 @@ class PostgresDriver:
                     if first != index:
                         followers.append((index, first))
                 pending = list(firsts.values())
+            params = self._enqueue_params([requests[i] for i in pending])
+            if fresh and len(pending) > 1:
+                ((ready, notified),) = await run("enqueue_fresh", params)
+                if ready is not None:  # every input inserted its own id
+                    ready_queues.update(ready)
+                    self._mark_notified(notified)
+                    for index in pending:
+                        r = requests[index]
+                        out[index] = EnqueueResult(r.id, r.run_id, False)
+                    pending = []
+                else:
+                    fresh = False
             for _round in range(ENQUEUE_ROUNDS):
-                rows = await run(
-                    "enqueue_many", self._enqueue_params([requests[i] for i in pending])
-                )
+                if not pending:
+                    break
+                rows = await run("enqueue_many", params)
                 # Row 0 says which queues got a due row and which were announced;
                 # the others name the holders of the inputs that did not insert.
                 # Every input not named inserted its own id.
@@ -743,6 +760,7 @@ class PostgresDriver:
                 if not missing:
                     break
                 pending = missing
+                params = self._enqueue_params([requests[i] for i in pending])
             else:
                 raise JobsError(
                     ErrorCode.X_INVARIANT,

@@ -96,6 +96,24 @@ SELECT i.ord,
 FROM input i
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id);
 
+-- name: enqueue_fresh
+-- enqueue_many's first try for a batch: the same rows and parameters, inserted
+-- by trio_jobs_enqueue_fresh (migration 0032) as a plain INSERT in an exception
+-- block, without ON CONFLICT's probe and speculative insertion of every row.
+-- `ready` is the queues it inserted a due row into, `notified` those of them
+-- announced (as enqueue_many announces them); a NULL `ready` means an input's
+-- key is held or its id known: nothing was written, nothing announced, and the
+-- caller sends enqueue_many.
+SELECT f.ready,
+    (SELECT array_agg(s.q)
+     FROM (SELECT q, pg_notify(%(channel)s, q) FROM unnest(f.ready) AS q
+           WHERE q = ANY(%(notify)s::text[])) s) AS notified
+FROM (SELECT trio_jobs_enqueue_fresh(%(rows)s::json, %(now)s::float8, %(name)s::text,
+    %(queue)s::text, %(tenant_id)s::text, %(concurrency_key)s::text, %(max_attempts)s::int,
+    %(priority)s::int, %(run_at)s::float8, %(delay)s::float8, %(actor)s::json,
+    %(trace_context)s::json, %(sensitive)s::bool, %(parent_id)s::uuid,
+    %(parent_wait)s::uuid) AS ready) f;
+
 -- name: enqueue_one
 -- One request, the common case (an `enqueue` in a request handler): the same
 -- insert as enqueue_many with scalar parameters instead of a JSON array, as one
