@@ -400,6 +400,52 @@ def _profile(url: str, runs: int, n: int) -> None:
     trio.run(_profile_once, url, n, "redis", True)
 
 
+async def _calls_once(url: str, n: int) -> dict[str, Any]:
+    """The worker phase's Redis commands per job (``INFO commandstats``, the
+    calls scripts make included; reset after the enqueue), and the server's CPU
+    per job. Run it against a Redis of its own: the counts are the server's."""
+    import coredis
+
+    prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
+    client: coredis.Redis[str] = coredis.Redis.from_url(url, decode_responses=True)
+    try:
+        async with client:
+            driver = redis_driver(url, prefix=prefix)
+            async with open_jobs(driver, jobs=[redis_noop]) as jobs:
+                for start in range(0, n, 10_000):
+                    await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
+                from .postgres import _Settles
+
+                await client.config_resetstat()
+                cpu0 = await _server_cpu(url)
+                settles = _Settles(driver, n)
+                worker = Worker(jobs, concurrency=1024)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(worker.run)
+                    with trio.fail_after(600):
+                        await settles.done.wait()
+                    stats = await client.info("commandstats")
+                    cpu = await _server_cpu(url) - cpu0
+                    await worker.drain()
+    finally:
+        await _delete_prefix(url, f"{prefix}:*")
+    calls = {
+        k.removeprefix("cmdstat_"): int(v["calls"]) / n  # type: ignore[index,call-overload]
+        for k, v in stats.items()
+        if isinstance(v, dict) and k not in ("cmdstat_config|resetstat", "cmdstat_info")
+    }
+    return {"server": cpu / n * 1e6, "calls": calls}
+
+
+def _calls(url: str, runs: int, n: int) -> None:
+    for run in range(runs):
+        got = trio.run(_calls_once, url, n)
+        shown = ", ".join(
+            f"{name} {per:.2f}" for name, per in sorted(got["calls"].items()) if per >= 0.005
+        )
+        print(f"run {run + 1}: Redis server CPU {got['server']:.1f} µs a job; calls a job: {shown}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks redis", description=__doc__)
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", DEFAULT_URL))
@@ -417,7 +463,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="where a no-op job's CPU goes (worker, Redis server, GC; then cProfile), no peers",
     )
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="the Redis commands a no-op job costs the server (INFO commandstats), no peers; "
+        "point --url at a Redis of its own",
+    )
     args = parser.parse_args(argv)
+    if args.calls:
+        print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
+        _calls(args.url, args.runs, args.jobs)
+        return 0
     if args.profile:
         print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
         _profile(args.url, args.runs, args.jobs)

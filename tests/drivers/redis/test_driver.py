@@ -525,3 +525,36 @@ async def test_concurrent_acks_share_one_script_call(driver: RedisDriver) -> Non
     assert err.value.code == "X_INVARIANT"
     assert await driver.ack(held[0].id, AckOptions(fence=held[0].fence, result=0))
     assert sum(s.done for s in await driver.stats()) == 40
+
+
+# --------------------------------------------------------------------------- step records
+async def test_a_row_without_step_records_skips_them_and_one_with_them_keeps_them(
+    redis_url: str, driver: RedisDriver
+) -> None:
+    """A new row is stored as having no step records ('ns'): its claim does not
+    read them and its ack does not expire them. The first record clears the
+    flag, so a later claim carries it and the ack expires it with the row."""
+    from trio_jobs.drivers import NackOptions, StepRecord
+
+    await driver.enqueue_many([req("plain"), req("stepped")])
+    plain, stepped = sorted(
+        (await driver.claim(_claim({"default": 2}))).jobs, key=lambda j: j.idempotency_key
+    )
+    assert not plain.steps
+    assert not stepped.steps
+    record = StepRecord(name="fetch", status="completed", seq=1, executions=1, output={"n": 1})
+    async with driver.transaction() as tx:
+        assert await tx.put_step(stepped.id, stepped.fence, record)
+    assert await driver.nack(stepped.id, NackOptions(fence=stepped.fence, state="ready"))
+    [again] = (await driver.claim(_claim({"default": 1}))).jobs
+    assert again.id == stepped.id
+    assert [(s.name, s.output) for s in again.steps or ()] == [("fetch", {"n": 1})]
+    assert await driver.ack(plain.id, AckOptions(fence=plain.fence))
+    assert await driver.ack(again.id, AckOptions(fence=again.fence))
+    prefix = driver.prefix
+    async with raw(redis_url) as client:
+        assert await client.hget(f"{prefix}:job:{plain.id}", "ns") == "1"
+        assert await client.hget(f"{prefix}:job:{stepped.id}", "ns") is None
+        assert await client.exists([f"{prefix}:steps:{plain.id}"]) == 0
+        assert 0 < await client.ttl(f"{prefix}:steps:{stepped.id}")
+        assert 0 < await client.ttl(f"{prefix}:job:{plain.id}")

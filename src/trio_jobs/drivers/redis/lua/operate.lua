@@ -322,6 +322,7 @@ if ARGV[A + 3] == '' then
   redis.call('HDEL', sk, ARGV[A + 1])
 else
   redis.call('HSET', sk, ARGV[A + 1], ARGV[A + 3])
+  redis.call('HDEL', jobkey(ARGV[A]), 'ns')
 end
 return 'ok'
 

@@ -19,7 +19,8 @@
 -- Keys (P is the prefix):
 --   P:schema                 the key-schema version
 --   P:job:<id>               a row (hash)
---   P:steps:<id>             its step records: name -> '<seq>\n<json>'
+--   P:steps:<id>             its step records: name -> '<seq>\n<json>' (a row
+--                            stored with 'ns' = 1 has none: put_step clears it)
 --   P:live                   hash: live key (name, tenant, idempotency key) -> id
 --   P:ready:<queue>          due rows: score = priority, member = '<run_at ms><seq><id>'
 --                            (equal scores sort by member: oldest due first)
@@ -524,7 +525,7 @@ local function insert_row(i)
   local jk = jobkey(id)
   redis.call('HSET', jk, 'id', id, 'rid', rid, 'name', name, 'q', q, 'pl', pl, 'key', key,
     'max', mx, 'prio', prio, 'run', fmt(run_at), 'cr', fmt(NOW), 'upd', fmt(NOW), 'seq', seq,
-    'st', st, 'att', 0, 'lf', lf, 'pr', 0, 'lp', 0)
+    'st', st, 'att', 0, 'lf', lf, 'pr', 0, 'lp', 0, 'ns', 1)
   if tn ~= '' then redis.call('HSET', jk, 'tn', opt(tn)) end
   if ck ~= '' then redis.call('HSET', jk, 'ck', opt(ck)) end
   if ac ~= '' then redis.call('HSET', jk, 'ac', opt(ac)) end
@@ -621,6 +622,9 @@ local function put_step(id, worker, claim, name, seq, body)
   local old = redis.call('HGET', sk, name)
   if old then
     seq = string.match(old, '^(%-?%d+)\n') or seq
+  else
+    -- 'ns' (no step records: the claim skips reading them, the ack expiring them)
+    redis.call('HDEL', jobkey(id), 'ns')
   end
   redis.call('HSET', sk, name, seq .. '\n' .. body)
   return true
@@ -975,7 +979,7 @@ while i <= #ARGV do
         local id = string.sub(m, 28)
         local jk = jobkey(id)
         local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp', 'al',
-          'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc')
+          'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc', 'bk', 'wc', 'ns')
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
@@ -993,16 +997,27 @@ while i <= #ARGV do
             al = '[{"attempt":' .. att .. ',"worker_id":' .. jworker .. ',"started_at":"' ..
               nowf .. '"}]'
           end
-          redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
-            'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'al', al)
-          redis.call('HDEL', jk, 'rm', 'we', 'bk', 'wc', 'cw')
+          -- 'pr' and 'lp' (promoted, lapsed) are written only when set: a
+          -- row's first claim finds both '0'.
+          if f[5] ~= '0' or f[6] ~= '0' then
+            redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
+              'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'al', al)
+          else
+            redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
+              'le', lef, 'upd', nowf, 'al', al)
+          end
+          -- 'rm' stays, stale: only to_ready sets it, with the entry it adds
+          -- (unindex and debounce_row remove an entry that is gone: nothing).
+          -- The rest are rarely set: one call only for a row that has one
+          -- ('cw' comes only with 'wc').
+          if f[4] or f[19] or f[20] then redis.call('HDEL', jk, 'we', 'bk', 'wc', 'cw') end
           if f[4] then redis.call('SREM', P .. ':waiting:' .. f[4], id) end
           leased[#leased + 1] = lef
           leased[#leased + 1] = id
           -- The row as JSON, its stored JSON (payload, actor, trace context,
           -- step records) embedded as is: the driver parses the reply once.
           local steps = '[]'
-          local flat = redis.call('HGETALL', P .. ':steps:' .. id)
+          local flat = f[21] ~= '1' and redis.call('HGETALL', P .. ':steps:' .. id) or {}
           if #flat > 0 then
             local parts = {}
             for j = 1, #flat, 2 do
@@ -1090,7 +1105,7 @@ for r = 0, n - 1 do
   local id, worker, claim = a[1], a[2], a[3]
   local res, pg, dur = a[4], a[5], a[6]
   local jk = jobkey(id)
-  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par')
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par', 'ns')
   if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
     if a[7] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
   else
@@ -1135,7 +1150,7 @@ for r = 0, n - 1 do
     ended[q] = e
     settled[q] = (settled[q] or 0) + 1
     redis.call('EXPIRE', jk, ttl)
-    redis.call('EXPIRE', P .. ':steps:' .. id, ttl)
+    if f[12] ~= '1' then redis.call('EXPIRE', P .. ':steps:' .. id, ttl) end
     local c = counted[name] or {0, nil, q}
     c[1] = c[1] + 1
     if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
