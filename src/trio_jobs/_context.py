@@ -8,7 +8,7 @@ import logging
 import math
 import types
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 import attrs
 import trio
@@ -257,14 +257,22 @@ class RunState:
         worker knows it (``self.lost``). A retry first reads the record back: a
         write that landed but whose answer was lost is recognised, not redone."""
         driver, claimed = self.driver, self.claimed
-
-        async def write() -> bool:
-            return await driver.steps.put(claimed.id, claimed.fence, record)
-
-        async def again() -> bool:
-            stored = await driver.steps.load(claimed.id)
-            return any(r == record for r in stored) or await write()
-
+        if driver.steps.shielded:
+            # The store's put outlives a cancel and is bounded by its own budget:
+            # no shielded scope a write (a quarter of a step's CPU). Only a retry
+            # takes one, within what is left of this write's budget.
+            began = trio.current_time()
+            try:
+                landed = await driver.steps.put(claimed.id, claimed.fence, record)
+            except JobsError as first:
+                if not is_transient(first):
+                    raise
+                landed = await self._put_again(record, first, began + WRITE_BUDGET)
+            if not landed:
+                self._refused()
+            self.records[record.name] = record
+            return
+        again = self._again(record)
         landed = False
         with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
             try:
@@ -296,13 +304,53 @@ class RunState:
             # replay resolves (the claim carries whatever landed).
             raise InfraFault(_hung(record.name))
         if not landed:
-            self.lost = True
-            self.signal.abort(
-                ErrorCode.X_JOB_LEASE_LOST,
-                "a step write was refused: this worker no longer holds the job's lease",
-            )
-            raise LeaseLost()
+            self._refused()
         self.records[record.name] = record
+
+    def _again(self, record: StepRecord) -> Callable[[], Awaitable[bool]]:
+        """A retry of ``record``'s write: it first reads the record back, so a
+        write that landed but whose answer was lost is recognised, not redone."""
+        driver, claimed = self.driver, self.claimed
+
+        async def again() -> bool:
+            stored = await driver.steps.load(claimed.id)
+            return any(r == record for r in stored) or await driver.steps.put(
+                claimed.id, claimed.fence, record
+            )
+
+        return again
+
+    async def _put_again(self, record: StepRecord, first: JobsError, deadline: float) -> bool:
+        """The retries of a shielded store's put after its first try failed
+        (transient), shielded until ``deadline``; as :meth:`put`'s own retries."""
+        landed = False
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            try:
+                key, event, fields = self._about(record.name)()
+                landed = await retry_transient(
+                    self._again(record),
+                    first,
+                    deadline=deadline,
+                    gone=self._gone,
+                    key=key,
+                    event=event,
+                    fields=fields,
+                )
+            except JobsError as exc:
+                if not is_transient(exc) or self._gone():
+                    raise
+                raise InfraFault(exc) from None
+        if scope.cancelled_caught and not self._gone():
+            raise InfraFault(_hung(record.name))
+        return landed
+
+    def _refused(self) -> NoReturn:
+        self.lost = True
+        self.signal.abort(
+            ErrorCode.X_JOB_LEASE_LOST,
+            "a step write was refused: this worker no longer holds the job's lease",
+        )
+        raise LeaseLost()
 
     def _gone(self) -> bool:
         """Whether retrying this run's writes is pointless: the lease is lost as the

@@ -183,3 +183,108 @@ async def test_a_closed_driver_refuses_before_queueing() -> None:
     with pytest.raises(RuntimeError, match="not open"):
         await combiner.submit("a", "a")
     assert store.calls == []
+
+
+def stopped() -> BaseException:
+    return RuntimeError("stopped")
+
+
+def hung() -> BaseException:
+    return RuntimeError("hung")
+
+
+def shielded(store: Store, budget: float = 10.0) -> Combiner:
+    return Combiner(
+        store.flush, lambda: None, closed, exit_error=stopped, budget=budget, hung_error=hung
+    )
+
+
+async def test_a_shielded_write_outlives_a_cancel_of_its_waiter(autojump_clock: Any) -> None:
+    store = Store()
+    store.gate = trio.Event()
+    combiner = shielded(store)
+    seen: dict[str, list[object]] = {"a": [], "b": []}
+
+    async def write(key: str) -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # cancelled before it even queues
+            seen[key].append(await combiner.submit_shielded(key, key))
+            seen[key].append("answered before the cancel")
+            await trio.lowlevel.checkpoint()
+            seen[key].append("unreachable")
+        seen[key].append(scope.cancelled_caught)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(combiner.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(write, "a")
+        nursery.start_soon(write, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == {"a": [], "b": []}  # both wait on, in the call, past their cancels
+        store.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert sorted(item for call in store.calls for item in call) == ["a", "b"]
+    assert seen == {key: [True, "answered before the cancel", True] for key in "ab"}
+
+
+async def test_a_call_past_the_budget_answers_its_batch_hung(autojump_clock: Any) -> None:
+    store = Store()
+    store.gate = trio.Event()  # never set: the call hangs
+    combiner = shielded(store, budget=3.0)
+    errors: list[str] = []
+    answered = trio.Event()
+
+    async def write(key: str) -> None:
+        try:
+            await combiner.submit_shielded(key, key)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        if len(errors) == 2:
+            answered.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(combiner.run)
+        await trio.testing.wait_all_tasks_blocked()
+        began = trio.current_time()
+        nursery.start_soon(write, "a")
+        nursery.start_soon(write, "b")
+        await answered.wait()
+        waited = trio.current_time() - began
+        store.gate.set()
+        # the flusher goes on: the next write lands
+        assert await combiner.submit_shielded("c", "c")
+        nursery.cancel_scope.cancel()
+    assert errors == ["hung", "hung"]
+    assert waited == 3.0  # MockClock time: the budget, not a hang
+
+
+async def test_a_stopped_writer_answers_its_queue_and_refuses_new_shielded_writes(
+    autojump_clock: Any,
+) -> None:
+    store = Store()
+    store.gate = trio.Event()
+    combiner = shielded(store)
+    errors: list[str] = []
+
+    async def write(key: str) -> None:
+        try:
+            await combiner.submit_shielded(key, key)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(RuntimeError, match="closed"):
+            await combiner.submit_shielded("early", "early")  # no flusher yet
+        async with trio.open_nursery() as service:
+            service.start_soon(combiner.run)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(write, "a")
+            await trio.testing.wait_all_tasks_blocked()  # "a" is in flight
+            nursery.start_soon(write, "b")
+            await trio.testing.wait_all_tasks_blocked()  # "b" is queued
+            service.cancel_scope.cancel()  # the flusher stops
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(RuntimeError, match="closed"):
+            await combiner.submit_shielded("late", "late")
+    assert sorted(errors) == ["closed", "stopped"]  # in flight, then queued

@@ -19,6 +19,17 @@ while its call is in flight is not rescheduled (the call may have landed it: the
 driver's retry recognises that). A failed call fails every write of its batch
 with the call's error; a flusher cancelled mid-call (the driver is closing)
 answers each waiter of that batch with ``in_flight_error()``.
+
+:meth:`Combiner.submit_shielded` is the wait of a write that must outlive a
+cancel of its caller (a step record: the body continues only once it is known to
+have landed): its waiter is not taken out by a cancel, and learns of it at its
+next checkpoint, after the answer. What bounds that wait is the combiner's
+``budget``: each call runs under one deadline (one cancel scope a batch, where
+the caller's own shielded scope cost one a write), and a call past it answers
+its batch with ``hung_error()``. A write queued behind a hung call waits for
+that call's budget and then its own: at most twice the budget. A flusher that
+stops answers whatever is still queued, and a stopped one refuses new writes,
+so no shielded waiter waits on a flusher that is gone.
 """
 
 from __future__ import annotations
@@ -68,6 +79,12 @@ class _Pending:
         return trio.lowlevel.Abort.SUCCEEDED
 
 
+def _stay(_raise_cancel: Any) -> trio.lowlevel.Abort:
+    """A shielded waiter's answer to a cancel: it waits on (the flusher answers it
+    within the budget; the cancel is raised at its next checkpoint)."""
+    return trio.lowlevel.Abort.FAILED
+
+
 class Combiner:
     """Many tasks' writes, one call per batch (see the module's docstring).
 
@@ -76,7 +93,9 @@ class Combiner:
     refuses at once, by raising). ``in_flight_error`` is what each waiter of a
     call under way hears when the flusher is cancelled (the driver is closing);
     ``exit_error``, when given, is what every write still queued hears when
-    :meth:`run` ends (else the driver answers them with :meth:`fail_pending`)."""
+    :meth:`run` ends (else the driver answers them with :meth:`fail_pending`).
+    ``budget`` (seconds) bounds each call; one past it answers its batch with
+    ``hung_error()`` (both are needed by :meth:`submit_shielded`)."""
 
     def __init__(
         self,
@@ -87,6 +106,8 @@ class Combiner:
         exit_error: Callable[[], BaseException] | None = None,
         linger: float = 0.0,
         batch: int = BATCH,
+        budget: float | None = None,
+        hung_error: Callable[[], BaseException] | None = None,
     ) -> None:
         self._flush = flush
         self._check = check
@@ -94,8 +115,13 @@ class Combiner:
         self._exit_error = exit_error
         self._linger = linger
         self._batch = batch
+        #: Seconds a call may take (``None``: unbounded); tests shorten it.
+        self.budget = budget
+        self._hung_error = hung_error
         self._pending: list[_Pending] = []
         self._kick = trio.Event()
+        #: Whether :meth:`run` is under way (a shielded write needs its flusher).
+        self._running = False
         #: Calls made (tests and benchmarks read it).
         self.flushes = 0
 
@@ -107,6 +133,20 @@ class Combiner:
         self._pending.append(entry)
         self._kick.set()
         landed: bool = await trio.lowlevel.wait_task_rescheduled(entry.abort)
+        return landed
+
+    async def submit_shielded(self, key: Hashable, item: Any) -> bool:
+        """:meth:`submit` for a write that outlives a cancel of its caller: a cancel
+        neither takes it out of the queue nor ends the wait, which the call's
+        ``budget`` bounds (see the module's docstring); the cancel is raised at
+        the caller's next checkpoint."""
+        self._check()
+        if not self._running or self.budget is None or self._exit_error is None:
+            raise self._in_flight_error()
+        entry = _Pending(key, item, trio.lowlevel.current_task(), self)
+        self._pending.append(entry)
+        self._kick.set()
+        landed: bool = await trio.lowlevel.wait_task_rescheduled(_stay)
         return landed
 
     def fail_pending(self, error: BaseException) -> None:
@@ -131,6 +171,7 @@ class Combiner:
 
     async def run(self) -> None:
         """The flusher: runs in the driver's service nursery until it closes."""
+        self._running = True
         try:
             while True:
                 await self._kick.wait()
@@ -141,7 +182,17 @@ class Combiner:
                     batch = self._take()
                     self.flushes += 1
                     try:
-                        landed = await self._flush([entry.item for entry in batch])
+                        if self.budget is None:
+                            landed = await self._flush([entry.item for entry in batch])
+                        else:
+                            with trio.move_on_after(self.budget) as bound:
+                                landed = await self._flush([entry.item for entry in batch])
+                            if bound.cancelled_caught:
+                                # The call may have landed: a replay resolves it.
+                                assert self._hung_error is not None
+                                for entry in batch:
+                                    entry.answer(outcome.Error(self._hung_error()))
+                                continue
                     except Exception as exc:  # each waiter gets the failure
                         for entry in batch:
                             entry.answer(outcome.Error(exc))
@@ -155,5 +206,6 @@ class Combiner:
                     for i, entry in enumerate(batch, start=1):
                         entry.answer(outcome.Value(i in landed))
         finally:
+            self._running = False
             if self._exit_error is not None:
                 self.fail_pending(self._exit_error())

@@ -470,7 +470,14 @@ class ChildState:
 
 
 class StepStore(Protocol):
-    """Step persistence, on the same store as the queue."""
+    """Step persistence, on the same store as the queue.
+
+    ``shielded`` is declared (a plain attribute): ``True`` when :meth:`put`
+    outlives a cancel of its caller and answers within a bounded time of its own
+    (the caller's cancel is raised at its next checkpoint), so the caller needs
+    no shielded scope around it; ``False``: the caller shields it."""
+
+    shielded: bool
 
     async def children(self, ids: Sequence[str]) -> list[ChildState]:
         """The rows ``ids`` (a parent's children), in the order asked; an id no

@@ -20,6 +20,7 @@ from trio_jobs.drivers import (
     StepRecord,
 )
 from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
+from trio_jobs.errors import ErrorCode, JobsError
 
 from .conftest import FakeClock, req, sql
 
@@ -308,6 +309,52 @@ async def test_step_puts_from_many_slots_share_commits(driver: PostgresDriver) -
     assert flushes < 60 / 2, f"60 records took {flushes} commits"
     for job in jobs:
         assert [r.name for r in await d.steps.load(job.id)] == ["step0", "step1", "step2"]
+
+
+async def test_a_step_put_outlives_a_cancel_of_its_caller(driver: PostgresDriver) -> None:
+    """The store declares its put shielded (the step write takes no scope of its
+    own): a caller cancelled mid-write still hears the answer, and the record
+    is stored; the cancel is raised at the caller's next checkpoint."""
+    d = driver
+    assert d.steps.shielded
+    await d.enqueue_many([req("cancelled")])
+    job = (await d.claim(ClaimOptions("w", {"default": 1}, 30.0))).jobs[0]
+    answers: list[object] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        answers.append(
+            await d.steps.put(job.id, job.fence, StepRecord("a", "completed", 1, 1, {"k": 1}))
+        )
+        await trio.lowlevel.checkpoint()
+        answers.append("unreachable")
+    assert scope.cancelled_caught
+    assert answers == [True]
+    assert [(r.name, r.output) for r in await d.steps.load(job.id)] == [("a", {"k": 1})]
+
+
+async def test_a_step_write_past_the_writers_budget_is_unavailable(driver: PostgresDriver) -> None:
+    """A step statement that hangs (here: the job row locked by another
+    session) answers its writes within the step writer's budget, as unavailable;
+    the writer goes on, and a later write lands."""
+    from trio_jobs._context import WRITE_BUDGET
+    from trio_jobs.drivers.postgres._driver import STEP_WRITE_BUDGET
+
+    assert STEP_WRITE_BUDGET == WRITE_BUDGET
+    d = driver
+    await d.enqueue_many([req("hung")])
+    job = (await d.claim(ClaimOptions("w", {"default": 1}, 30.0))).jobs[0]
+    d._step_writer.budget = 0.5
+    async with d.db.transaction() as tx:
+        await tx.execute(
+            "SELECT 1 FROM trio_jobs_jobs WHERE id = %(id)s FOR UPDATE", {"id": job.id}
+        )
+        with pytest.raises(JobsError) as caught:
+            await d.steps.put(job.id, job.fence, StepRecord("a", "completed", 1, 1, 1))
+    assert caught.value.code == ErrorCode.X_DRIVER_UNAVAILABLE
+    assert "write budget" in str(caught.value)
+    d._step_writer.budget = STEP_WRITE_BUDGET
+    assert await d.steps.put(job.id, job.fence, StepRecord("b", "completed", 2, 1, 2))
+    assert "b" in [r.name for r in await d.steps.load(job.id)]
 
 
 async def test_the_claim_carries_recorded_steps(driver: PostgresDriver) -> None:

@@ -870,6 +870,10 @@ class MemoryDriver:
 
 
 class _MemorySteps:
+    #: Not declared: a put here has no checkpoint, but a wrapper of this store
+    #: (the simulation's, with its faults) may add them; the step write shields it.
+    shielded = False
+
     def __init__(self, driver: MemoryDriver) -> None:
         self._d = driver
 

@@ -31,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..._serialization import dumps
 from ..._time import Clock, SystemClock
-from ...errors import ErrorCode, JobsError
+from ...errors import DriverError, ErrorCode, JobsError
 from .._attempt_log import attempt_records
 from .._combine import Combiner
 from .._cursor import decode_cursor, encode_cursor
@@ -93,6 +93,9 @@ logger = logging.getLogger("trio_jobs.postgres")
 NOTIFY_INTERVAL = 0.25
 #: The most step records one group commit writes.
 STEP_BATCH = 500
+#: The bound on one step-write statement: the step write's budget
+#: (``_context.WRITE_BUDGET``; a test holds them equal).
+STEP_WRITE_BUDGET = 10.0
 #: Enqueue inputs whose key holder committed after the statement's snapshot are
 #: asked again; this bounds the rounds.
 ENQUEUE_ROUNDS = 8
@@ -397,7 +400,9 @@ class PostgresDriver:
         self.channel = _channel(self.schema)
         self._notified: dict[str, float] = {}
         self._service = ServiceTasks("postgres", logger)
-        self._step_writer = self._combiner(self._flush_steps, linger=step_linger)
+        self._step_writer = self._combiner(
+            self._flush_steps, linger=step_linger, budget=STEP_WRITE_BUDGET
+        )
         self._acker = self._combiner(self._flush_acks)
         self._registry = _Registry()
         # Settles whose call raised (the statement may have committed, its answer
@@ -550,17 +555,35 @@ class PostgresDriver:
         self._skew = float(rows[0][0]) - (before + after) / 2
 
     def _combiner(
-        self, flush: Callable[[builtins.list[Any]], Awaitable[set[int]]], *, linger: float = 0.0
+        self,
+        flush: Callable[[builtins.list[Any]], Awaitable[set[int]]],
+        *,
+        linger: float = 0.0,
+        budget: float | None = None,
     ) -> Combiner:
         """A write combiner (``drivers/_combine.py``): many tasks' writes, one
         statement per batch; the rows still queued at close are answered by
-        :meth:`close`."""
+        :meth:`close`. With a ``budget``, each statement is bounded by it and the
+        writes may wait shielded (:meth:`Combiner.submit_shielded`): the rows
+        still queued when the writer stops are answered then."""
         return Combiner(
             flush,
             lambda: self.db,
             lambda: unavailable(None, "PostgreSQL (the driver closed mid-write)"),
+            exit_error=(
+                None
+                if budget is None
+                else lambda: unavailable(None, "PostgreSQL (the driver's writer stopped)")
+            ),
             linger=linger,
             batch=STEP_BATCH,
+            budget=budget,
+            hung_error=lambda: DriverError(
+                ErrorCode.X_DRIVER_UNAVAILABLE,
+                f"a step write got no answer from PostgreSQL within the {budget:g} s write "
+                "budget; the run is handed back uncounted and a replay resolves whether "
+                "it landed",
+            ),
         )
 
     async def _start_service(self, nursery: trio.Nursery | None) -> None:
@@ -1294,6 +1317,9 @@ def _step_record(r: Sequence[Any]) -> StepRecord:
 
 
 class _PgSteps:
+    #: A put outlives a cancel of its caller, bounded by the step writer's budget.
+    shielded = True
+
     def __init__(self, driver: PostgresDriver) -> None:
         self._d = driver
 
@@ -1302,7 +1328,9 @@ class _PgSteps:
         return [_step_record(r) for r in rows]
 
     async def put(self, job_id: str, fence: Fence, record: StepRecord) -> bool:
-        return await self._d._step_writer.submit((job_id, record.name), (job_id, fence, record))
+        return await self._d._step_writer.submit_shielded(
+            (job_id, record.name), (job_id, fence, record)
+        )
 
     async def children(self, ids: Sequence[str]) -> builtins.list[ChildState]:
         if not ids:

@@ -1031,6 +1031,9 @@ class _RedisTx:
 
 
 class _RedisSteps:
+    #: A put is cancellable: the step write shields it.
+    shielded = False
+
     def __init__(self, driver: RedisDriver) -> None:
         self._d = driver
 
