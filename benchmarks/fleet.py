@@ -1,7 +1,7 @@
 """Many worker processes on one PostgreSQL: ``python -m benchmarks fleet``.
 
     python -m benchmarks fleet [--jobs 10000] [--processes 1,2,4,8,16,32]
-                               [--concurrency 4] [--pgbouncer]
+                               [--concurrency 4] [--pool-size auto] [--pgbouncer]
 
 For each process count N: a throwaway schema, ``--jobs`` no-op jobs enqueued
 on a paused queue, ``trio-jobs worker --processes N`` started on it, and the run
@@ -12,6 +12,11 @@ jobs/s it reports:
   ``benchmarks._fleet_jobs`` wraps ``PostgresDriver.claim`` in the children
   when ``TJ_FLEET_CLAIMS`` names a folder, and each child writes its samples
   there as it exits);
+* the rows a claim asked for and got, the rows an ``ack_many`` carried, and
+  the claim and ack statements a job cost (counted the same way);
+* the pool size each worker process was given (``--pool-size``; ``auto``, the
+  default: the largest up to 4 with processes x (pool + 1) within the server's
+  ``max_connections``, so 32 processes fit a server of 100 at 2);
 * lock waits: ``pg_stat_activity`` sampled every 100 ms, the largest number of
   backends of the database waiting on a lock (``wait_event_type = 'Lock'``) and
   the share of samples with any;
@@ -141,16 +146,17 @@ class Sampler:
                 self._stop.wait(0.1)
 
 
-def _own_backends(dsn: str, app: str) -> list[int]:
+def _own_backends(conn: psycopg.Connection[Any], app: str) -> list[int]:
     """The pids of the run's own backends (its workers' application_name): their
-    CPU alone is the run's, where the whole server's counts the neighbours' too."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [
-            int(r[0])
-            for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,)
-            )
-        ]
+    CPU alone is the run's, where the whole server's counts the neighbours' too.
+    Asked on the run's open connection: a fleet sized to ``max_connections``
+    leaves no room for another."""
+    return [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,)
+        )
+    ]
 
 
 async def _prepare(dsn: str, n: int) -> None:
@@ -171,8 +177,21 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def pool_size_for(processes: int, max_connections: int, ceiling: int = 4) -> int:
+    """The pool size a fleet of ``processes`` workers fits the server with: the
+    largest up to ``ceiling`` with processes x (pool + 1) <= max_connections
+    (docs/explanation/scaling.md's formula), at least 1."""
+    return max(1, min(ceiling, max_connections // processes - 1))
+
+
 def run_one(
-    server: Server, dbname: str, n: int, processes: int, concurrency: int, bouncer: Any
+    server: Server,
+    dbname: str,
+    n: int,
+    processes: int,
+    concurrency: int,
+    bouncer: Any,
+    pool_size: int,
 ) -> dict[str, Any]:
     with server.schema(dbname, "fleet") as schema:
         direct = conninfo_with_schema(server.dsn_for(dbname), schema)
@@ -190,6 +209,7 @@ def run_one(
             os.environ,
             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
             TJ_FLEET_CLAIMS=str(claims),
+            TJ_FLEET_POOL_SIZE=str(pool_size),
         )
         env.pop("DATABASE_URL", None)
         log = claims / "worker.log"
@@ -236,8 +256,8 @@ def run_one(
                     wal = conn.execute(
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn0[0],)
                     ).fetchone()
-                pg1, box1 = _cpu_ticks()
-                own = _own_backends(server.dsn_for(dbname), app)
+                    pg1, box1 = _cpu_ticks()
+                    own = _own_backends(conn, app)
         finally:
             proc.terminate()
             try:
@@ -247,10 +267,12 @@ def run_one(
                 proc.wait()
         samples: list[float] = []
         pools: list[int] = []
+        counts = [0, 0, 0, 0]  # claim rows asked, got; ack statements, rows
         for path in claims.glob("claims-*.json"):
             body = json.loads(path.read_text())
             samples += body["claims"]
             pools.append(int(body["pool"]))
+            counts = [a + b for a, b in zip(counts, body["counts"], strict=True)]
         shutil.rmtree(claims, ignore_errors=True)
         rows = sampler.samples
         return {
@@ -259,6 +281,11 @@ def run_one(
             "claim_p50_ms": _pct(samples, 0.5) * 1e3,
             "claim_p99_ms": _pct(samples, 0.99) * 1e3,
             "claims": len(samples),
+            "pool_size": pool_size,
+            "claim_asked": counts[0] / max(1, len(samples)),
+            "claim_rows": counts[1] / max(1, len(samples)),
+            "ack_rows": counts[3] / max(1, counts[2]),
+            "statements_per_job": (len(samples) + counts[2]) / n,
             "pool_max": max(pools, default=0),
             "lock_waits_max": max((r[2] for r in rows), default=0),
             "lock_wait_samples": sum(1 for r in rows if r[2]) / max(1, len(rows)),
@@ -279,6 +306,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--processes", default="1,2,4,8,16,32")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--pool-size",
+        default="auto",
+        help="each worker process's pool_size (auto: the largest up to 4 that fits "
+        "processes x (pool + 1) within the server's max_connections)",
+    )
     parser.add_argument("--pgbouncer", action="store_true")
     opts = parser.parse_args(list(argv))
     dsn = os.environ.get("DATABASE_URL")
@@ -294,20 +327,34 @@ def main(argv: Sequence[str]) -> int:
 
         bouncer = Bouncer(dsn, settings={"default_pool_size": "20", "max_client_conn": "2000"})
         bouncer.start()
-    print(f"load before: {os.getloadavg()}; {opts.jobs} no-op jobs, concurrency {opts.concurrency}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW max_connections").fetchone()
+    max_connections = int(row[0]) if row else 100
     print(
-        "| processes | jobs/s | claim p50 ms | claim p99 ms | lock waits max (share) "
-        "| connections max | pool max/process | server CPU share | server CPU us/job "
+        f"load before: {os.getloadavg()}; {opts.jobs} no-op jobs, concurrency "
+        f"{opts.concurrency}; max_connections {max_connections}"
+    )
+    print(
+        "| processes | pool size | jobs/s | claim p50 ms | claim p99 ms | rows/claim (asked) "
+        "| rows/ack | statements/job | lock waits max (share) | connections max "
+        "| pool max/process | server CPU share | server CPU us/job "
         "| own backends' CPU us/job | WAL bytes/job |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     waits: list[tuple[int, list[tuple[str, int]]]] = []
     try:
         for p in [int(x) for x in opts.processes.split(",")]:
-            r = run_one(server, dbname, opts.jobs, p, opts.concurrency, bouncer)
+            pool = (
+                pool_size_for(p, max_connections)
+                if opts.pool_size == "auto"
+                else int(opts.pool_size)
+            )
+            r = run_one(server, dbname, opts.jobs, p, opts.concurrency, bouncer, pool)
             print(
-                f"| {p} | {r['jobs_per_s']:,.0f} | {r['claim_p50_ms']:.2f} | "
-                f"{r['claim_p99_ms']:.2f} | {r['lock_waits_max']} ({r['lock_wait_samples']:.0%}) "
+                f"| {p} | {pool} | {r['jobs_per_s']:,.0f} | {r['claim_p50_ms']:.2f} | "
+                f"{r['claim_p99_ms']:.2f} | {r['claim_rows']:.1f} ({r['claim_asked']:.1f}) | "
+                f"{r['ack_rows']:.1f} | {r['statements_per_job']:.3f} | "
+                f"{r['lock_waits_max']} ({r['lock_wait_samples']:.0%}) "
                 f"| {r['connections_max']} | {r['pool_max']} | {r['server_cpu_share']:.0%} | "
                 f"{r['server_cpu_us_per_job']:,.0f} | {r['own_cpu_us_per_job']:,.0f} | "
                 f"{r['wal_bytes_per_job']:,.0f} |",

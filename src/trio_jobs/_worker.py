@@ -87,6 +87,10 @@ IDLE_POLL_MAX_PROVEN = 5.0
 PREFETCH_QUICK = 0.1
 PREFETCH_AHEAD = 0.05
 PREFETCH_MAX = 256
+#: ... and at most PREFETCH_PACE seconds of the pace this worker has been
+#: finishing the queue's attempts at (its share of a fleet that shares the
+#: server: rows it holds ahead are rows the other claimers step over).
+PREFETCH_PACE = 0.25
 #: Attempts of an ``on_settled`` hook.
 ON_SETTLED_TRIES = 3
 #: The most acks the ack pipeline sends in one call of the driver's ``ack_many``...
@@ -171,7 +175,8 @@ class Worker:
     enforced on top. ``prefetch`` is how many jobs a queue may hold claimed
     ahead of need, not yet started (an ``int``, or a mapping per queue; ``0``
     none; ``None``, the default: while the queue's attempts are quick, about
-    50 ms of its slots' work, at least its slots, at most 256). ``max_in_flight`` caps the whole process. ``observer``
+    50 ms of its slots' work, at most 0.25 s of the pace this worker has been
+    finishing them at, at least its slots, at most 256). ``max_in_flight`` caps the whole process. ``observer``
     (a :class:`WorkerObserver`, e.g. ``trio_jobs.web.PrometheusObserver()``)
     is told when slots are taken and freed, attempts end and leases are lost.
     ``rate_per_tenant=(limit, per)`` caps the bodies of one tenant this process
@@ -261,6 +266,10 @@ class Worker:
         #: (inf before the first): the default prefetch claims ahead only
         #: while it is under PREFETCH_QUICK.
         self._took: dict[str, float] = dict.fromkeys(self.queues, math.inf)
+        #: Per queue, a moving average of the time between two of its attempts
+        #: freeing their slot, and when the last did (the worker's own pace).
+        self._gap: dict[str, float] = dict.fromkeys(self.queues, math.inf)
+        self._freed_at: dict[str, float] = dict.fromkeys(self.queues, math.inf)
         self.poll_interval = parse_duration(poll_interval, field="poll_interval")
         # None: 2 s, and 5 s while the driver's wake is proven live (the spec's default).
         self._idle_poll_max_set = (
@@ -573,11 +582,22 @@ class Worker:
         if took >= PREFETCH_QUICK:
             return 0
         ahead = int(slots * PREFETCH_AHEAD / took) if took > 0 else PREFETCH_MAX
+        gap = self._gap[q]
+        if 0 < gap < math.inf:
+            # No more than PREFETCH_PACE of what this worker has been getting through.
+            ahead = min(ahead, int(PREFETCH_PACE / gap))
         return max(slots, min(ahead, PREFETCH_MAX))
 
     def _took_slot(self, q: str, seconds: float) -> None:
         took = self._took[q]
         self._took[q] = seconds if took == math.inf else 0.8 * took + 0.2 * seconds
+        now = trio.current_time()
+        last, self._freed_at[q] = self._freed_at[q], now
+        if last < math.inf:
+            gap = self._gap[q]
+            # An idle spell counts as one slow gap, not as the pace of the next burst.
+            between = min(max(0.0, now - last), PREFETCH_PACE)
+            self._gap[q] = between if gap == math.inf else 0.95 * gap + 0.05 * between
 
     def _claim_due(self) -> bool:
         """Whether to claim now: room for a batch (half the prefetch: a claim

@@ -88,6 +88,23 @@ class TestClaimAhead:
                 gates.open_all(f"k{n}" for n in range(10))
                 await wait_for(lambda: w.stats().done == 10)
 
+    async def test_by_default_a_slow_paced_worker_claims_less_ahead(
+        self, autojump_clock: Any
+    ) -> None:
+        # Quick attempts (10 ms a slot) would be claimed 5x the slots ahead; a
+        # worker finishing only one every 100 ms (its share of a fleet) holds
+        # no more than PREFETCH_PACE of its own pace: the other claimers' rows.
+        async with jobs_on_memory([]) as (jobs, _driver):
+            fast = Worker(jobs, concurrency=2)
+            slow = Worker(jobs, concurrency=2)
+            for worker, every in ((fast, 0.001), (slow, 0.1)):
+                for _ in range(100):
+                    worker._took_slot("default", 0.01)
+                    await trio.sleep(every)
+            assert fast._prefetch_of("default") == 10  # 2 slots x 50 ms / 10 ms
+            # about 0.25 s / 100 ms, floored at the slots
+            assert slow._prefetch_of("default") == 2
+
     async def test_prefetch_zero_claims_only_free_slots(self, autojump_clock: Any) -> None:
         gates = Gates()
         gated = gated_job(gates)
