@@ -92,6 +92,8 @@ PROCRASTINATE_CHAINS = 1_000
 ENQUEUE_BATCH = 10_000
 
 TJ_CONCURRENCY = (512, 1024, 2048)
+#: The concurrencies also run with done_retention=0 (the ack deletes a done row).
+TJ_UNKEPT_CONCURRENCY = (1024,)
 TJ_STEP_CONCURRENCY = (128, 256, 512)
 PROCRASTINATE_CONCURRENCY = (4, 16)
 #: (concurrency, batched): graphile-worker's defaults, then its batching
@@ -358,8 +360,12 @@ async def _tj_throughput_once(
     n: int,
     concurrency: int,
     profiler: cProfile.Profile | None = None,
+    unkept: bool = False,
 ) -> float:
-    driver = postgres_driver(server.dsn_for(dbname), schema=schema)
+    # unkept: done_retention=0, the ack deletes a done row (graphile-worker's own way)
+    driver = postgres_driver(
+        server.dsn_for(dbname), schema=schema, done_retention=0 if unkept else None
+    )
     async with open_jobs(driver, jobs=[handle]) as jobs:
         await _enqueue_all(handle, n)
         await driver.db.fetch("ANALYZE trio_jobs_jobs")
@@ -387,9 +393,15 @@ async def _tj_throughput_once(
             if before is not None and after is not None
             else None
         )
-        done = sum(s.done for s in await jobs.stats())
-        if done != n:
-            raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
+        if unkept:
+            left = (await driver.db.fetch("SELECT count(*) FROM trio_jobs_jobs"))[0][0]
+            done = sum(r.done for r in await jobs.driver.introspect.counters(None, 0.0))
+            if left or done != n:
+                raise RuntimeError(f"trio-jobs: {left} rows left, {done} of {n} counted done")
+        else:
+            done = sum(s.done for s in await jobs.stats())
+            if done != n:
+                raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
     return n / elapsed
 
 
@@ -517,11 +529,20 @@ def _cpu_note() -> str:
 
 
 def tj_throughput(
-    server: Server, dbname: str, handle: Any, n: int, concurrency: int, *, profile: bool = False
+    server: Server,
+    dbname: str,
+    handle: Any,
+    n: int,
+    concurrency: int,
+    *,
+    profile: bool = False,
+    unkept: bool = False,
 ) -> float:
     with server.schema(dbname, "tj") as schema:
         if not profile:
-            return trio.run(_tj_throughput_once, server, dbname, schema, handle, n, concurrency)
+            return trio.run(
+                _tj_throughput_once, server, dbname, schema, handle, n, concurrency, None, unkept
+            )
         profiler = cProfile.Profile()
         try:
             return trio.run(
@@ -911,6 +932,10 @@ class Bench:
     def throughput(self) -> None:
         tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
         cpu: dict[int, list[dict[str, float | None]]] = {c: [] for c in TJ_CONCURRENCY}
+        unkept: dict[int, list[float]] = {c: [] for c in TJ_UNKEPT_CONCURRENCY}
+        unkept_cpu: dict[int, list[dict[str, float | None]]] = {
+            c: [] for c in TJ_UNKEPT_CONCURRENCY
+        }
         gw: dict[tuple[int, bool], list[float]] = {c: [] for c in GRAPHILE_CONFIGS}
         pq: dict[int, list[float]] = {c: [] for c in PROCRASTINATE_CONCURRENCY}
         with self.server.database("noop") as db:
@@ -921,6 +946,14 @@ class Bench:
                         tj[c].append(tj_throughput(self.server, db, pg_noop, NOOP_JOBS, c))
                         cpu[c].append(dict(LAST_CPU))
                         self.log(f"trio-jobs concurrency {c}: {tj[c][-1]:,.0f} jobs/s{_cpu_note()}")
+                    for c in TJ_UNKEPT_CONCURRENCY:
+                        rate = tj_throughput(self.server, db, pg_noop, NOOP_JOBS, c, unkept=True)
+                        unkept[c].append(rate)
+                        unkept_cpu[c].append(dict(LAST_CPU))
+                        self.log(
+                            f"trio-jobs done_retention=0 concurrency {c}: {rate:,.0f} jobs/s"
+                            f"{_cpu_note()}"
+                        )
                 if "graphile-worker" in self.systems:
                     for conc, batched in GRAPHILE_CONFIGS:
                         with self.server.schema(db, "gw") as schema:
@@ -960,6 +993,20 @@ class Bench:
                         + _cpu_summary(cpu[c]),
                         "jobs/s",
                         values,
+                    )
+                )
+        for c, values in unkept.items():
+            if values:
+                self.add(
+                    Sample(
+                        "trio-jobs",
+                        "noop-unkept",
+                        f"done_retention=0 (done rows not kept: graphile-worker's own behaviour),"
+                        f" concurrency {c}, pool 10, {NOOP_JOBS:,} jobs"
+                        + _cpu_summary(unkept_cpu[c]),
+                        "jobs/s",
+                        values,
+                        note="done rows not kept",
                     )
                 )
         for (c, batched), values in gw.items():
@@ -1322,6 +1369,13 @@ def report(bench: Bench) -> str:
             f"graphile-worker's best | {ratio(tj_noop, gw_noop)} graphile-worker best, "
             f"{ratio(tj_noop, gw_default)} its default, {ratio(tj_noop, pq_noop)} procrastinate "
             f"| {_verdict(ok)} |"
+        )
+    tj_unkept = _pick(s, "trio-jobs", "noop-unkept")
+    if tj_unkept and gw_noop:  # beside the default configuration's row, not instead of it
+        rows.append(
+            f"| no-op jobs, one worker process, done rows not kept (`done_retention=0`,"
+            f" graphile-worker's own behaviour) | {_cell(tj_unkept)} | — | {_cell(gw_noop)} | — "
+            f"| {ratio(tj_unkept, gw_noop)} graphile-worker best | — |"
         )
     tj_procs = _pick(s, "trio-jobs", "noop-processes")
     gw_procs = _pick(s, "graphile-worker", "noop-processes")

@@ -13,9 +13,13 @@ row, medians, and the load average. To compare two trees, alternate them with
 ``PYTHONPATH`` (the tree's ``src`` first) in the same minutes.
 
 ``--peer R`` instead runs R alternated rounds of the no-op throughput run of
-one trio-jobs worker process (concurrency 1,024) and one graphile-worker
+one trio-jobs worker process (concurrency 1,024; then again with
+``done_retention=0``, done rows not kept, graphile-worker's own behaviour) and one graphile-worker
 process (batched, concurrency 64) on the same server, printing each side's
 PostgreSQL CPU per job (the backends serving it, from ``/proc``).
+
+``--done-retention 0`` measures the ack of a driver that keeps no done rows
+(``ack_many_unkept``: the ack deletes the row).
 
 ``--explain`` also prints ``EXPLAIN (ANALYZE, BUFFERS, WAL)`` of one claim and
 one ack of the first size, the driver's own statement text and parameters.
@@ -45,6 +49,8 @@ from .big_table import READY_SQL, _sql
 def _which(text: str) -> str:
     """The driver's statement a prepared statement's text is (by a CTE only it has)."""
     marks = {"AS due": "claim_ready", "reoffered AS": "claim", "hit AS": "ack_many"}
+    if "gone AS" in text:
+        return "ack_many_unkept"
     return next((name for mark, name in marks.items() if mark in text), "other")
 
 
@@ -114,10 +120,10 @@ async def _explain(dsn: str, schema: str, driver: Any, size: int, wid: str) -> N
             for i, r in enumerate(claimed, start=1)
         ]
         cur = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, WAL) " + query("ack_many"),
+            "EXPLAIN (ANALYZE, BUFFERS, WAL) " + query(driver._ack_query),
             {"now": None, "rows": json.dumps(rows)},
         )
-        print(f"--- ack_many ({len(rows)} rows)")
+        print(f"--- {driver._ack_query} ({len(rows)} rows)")
         print("\n".join(r[0] for r in cur.fetchall()))
     del got
 
@@ -126,7 +132,7 @@ async def _main(opts: argparse.Namespace, dsn: str) -> None:
     schema = f"bench_stmt_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-    driver = postgres_driver(dsn, schema=schema, pool_size=1)
+    driver = postgres_driver(dsn, schema=schema, pool_size=1, done_retention=opts.done_retention)
     try:
         await driver.open()
         sizes = [int(s) for s in opts.sizes.split(",")]
@@ -138,7 +144,8 @@ async def _main(opts: argparse.Namespace, dsn: str) -> None:
         wid = f"bench-{uuid.uuid4().hex[:8]}"
         tree = os.path.dirname(os.path.dirname(trio_jobs.__file__))
         print(
-            f"tree {tree}; backend {pid}; prepared {driver.prepared_statements}; load {os.getloadavg()}",
+            f"tree {tree}; backend {pid}; prepared {driver.prepared_statements};"
+            f" done_retention {opts.done_retention}; load {os.getloadavg()}",
             flush=True,
         )
         if opts.explain:
@@ -189,13 +196,15 @@ def _peer(rounds: int, dsn: str) -> None:
     graphile.install()
     with server.database("peercpu") as db:
         for r in range(rounds):
-            rate = pg.tj_throughput(server, db, pg.pg_noop, pg.NOOP_JOBS, 1024)
-            print(
-                f"round {r + 1}: trio-jobs c1024 {rate:,.0f} jobs/s, PostgreSQL "
-                f"{pg.LAST_CPU['server']:.1f} µs CPU/job (worker {pg.LAST_CPU['worker']:.1f}), "
-                f"load {os.getloadavg()[0]:.1f}",
-                flush=True,
-            )
+            for unkept in (False, True):
+                rate = pg.tj_throughput(server, db, pg.pg_noop, pg.NOOP_JOBS, 1024, unkept=unkept)
+                how = " done_retention=0" if unkept else ""
+                print(
+                    f"round {r + 1}: trio-jobs{how} c1024 {rate:,.0f} jobs/s, PostgreSQL "
+                    f"{pg.LAST_CPU['server']:.1f} µs CPU/job (worker {pg.LAST_CPU['worker']:.1f}), "
+                    f"load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
             rate = pg.gw_processes(graphile, server, db, pg.NOOP_JOBS, 1, 64)
             print(
                 f"round {r + 1}: graphile-worker c64 batched {rate:,.0f} jobs/s, PostgreSQL "
@@ -211,6 +220,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--explain", action="store_true")
     parser.add_argument("--peer", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument(
+        "--done-retention",
+        type=float,
+        default=None,
+        help="0: the driver keeps no done rows (ack deletes)",
+    )
     opts = parser.parse_args(list(argv))
     dsn = os.environ.get("DATABASE_URL")
     if not dsn:

@@ -45,6 +45,20 @@ class PurgeResult:
     dead_before: float
 
 
+def keep_done_option(done_retention: Duration | None, driver: str) -> bool:
+    """A driver's ``done_retention`` option: ``None`` keeps done rows (until the
+    purge), 0 keeps none (the ack deletes the row). Anything else is refused."""
+    if done_retention is None:
+        return True
+    if parse_duration(done_retention, field="done_retention", allow_zero=True) == 0:
+        return False
+    raise JobsError(
+        ErrorCode.X_CONFIG_INVALID,
+        f"done_retention of the {driver} driver is 0 (keep no done rows) or None (keep them"
+        " until the purge); how long a kept done row lives is Retention(done_retention=...)",
+    )
+
+
 async def purge_expired(
     driver: JobDriver,
     now: float | None = None,

@@ -302,6 +302,8 @@ def test_show_gives_every_jobview_field_and_redacts_a_sensitive_job(world: World
     assert waiting["next_retry"] == waiting["run_at"] > waiting["created_at"] + 3500
 
     refused(missing, "X_JOB_NOT_FOUND")
+    # the CLI cannot know the app's driver options: it names a done row not kept too
+    assert "done_retention=0 keeps no done rows" in missing.stderr.replace("\n", " ")
     refused(missing_json, "X_ID_INVALID", as_json=True)  # not an id, nor the start of one
 
 

@@ -761,7 +761,19 @@ def show_command(job_id: str, as_json: bool, database_url: str | None) -> None:
     check_id(job_id)
 
     async def go(jobs: Jobs) -> tuple[JobView, BackfillRow | None, float]:
-        view = await jobs.show(job_id)
+        try:
+            view = await jobs.show(job_id)
+        except JobsError as exc:
+            if exc.code != ErrorCode.X_JOB_NOT_FOUND:
+                raise
+            # this process cannot know the app's driver options: say both readings
+            raise JobsError(
+                ErrorCode.X_JOB_NOT_FOUND,
+                "not found: no job has that id (an app whose driver runs with"
+                " done_retention=0 keeps no done rows, so a job that finished done is"
+                " not found either); list jobs with `trio-jobs list`",
+                meta=dict(exc.meta),
+            ) from None
         row = (await ledger_rows(jobs, [view])).get(view.id)
         return view, row, float(jobs.driver.now())
 

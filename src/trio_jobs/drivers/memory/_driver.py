@@ -19,7 +19,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..._time import Clock, TrioClock
+from ..._retention import keep_done_option
+from ..._time import Clock, Duration, TrioClock
 from ...errors import ErrorCode, JobsError
 from .._cursor import decode_cursor, encode_cursor
 from .._protocol import (
@@ -226,8 +227,10 @@ class MemoryDriver:
     #: ``event_poll`` (the protocol's default).
     event_poll_default = 30.0
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: Clock | None = None, keep_done: bool = True) -> None:
         self.clock: Clock = clock if clock is not None else TrioClock()
+        #: False: a job that settles done is deleted by its ack (done_retention=0).
+        self.keep_done = keep_done
         self._rows: dict[str, _Row] = {}
         self._live: dict[tuple[str, str | None, str], str] = {}
         #: The newest settled row of each key enqueued with ``unique_for=``.
@@ -687,6 +690,11 @@ class MemoryDriver:
         self._release_leases(job_id)
         self._count(row.name, row.queue, now, "done", options.duration)
         row.end_attempt(now, "done")
+        if not self.keep_done and row.parent_id is None and not row.unique:
+            # done_retention=0: as the PostgreSQL ack's DELETE (a child's parent
+            # reads its result from the row, a unique_for= row keeps its key taken)
+            del self._rows[job_id]
+            self._steps.pop(job_id, None)
         return True
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
@@ -1371,11 +1379,14 @@ class _MemoryIntrospection:
         ]
 
 
-def memory_driver(*, clock: Clock | None = None) -> MemoryDriver:
+def memory_driver(
+    *, clock: Clock | None = None, done_retention: Duration | None = None
+) -> MemoryDriver:
     """The in-process driver, for tests, fixtures and the harness.
 
     Without a ``clock`` it follows Trio's clock, so under ``autojump_clock`` due
     times, backoffs and lease expiry move with virtual time. It implements
     ``leases``, ``introspect`` and ``backfills``: its process is its whole fleet.
+    ``done_retention=0`` keeps no done rows, as the PostgreSQL driver's option.
     """
-    return MemoryDriver(clock=clock)
+    return MemoryDriver(clock=clock, keep_done=keep_done_option(done_retention, "memory"))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..._time import Clock
+from ..._retention import keep_done_option
+from ..._time import Clock, Duration
 
 if TYPE_CHECKING:
     from ._driver import PostgresDriver
@@ -48,6 +49,7 @@ def postgres_driver(
     pool_size: int = 10,
     listen_dsn: str | None = None,
     prepared_statements: bool | None = None,
+    done_retention: Duration | None = None,
 ) -> PostgresDriver:
     """The PostgreSQL driver (the default queue). Constructing it does no I/O;
     ``open()`` connects.
@@ -74,6 +76,15 @@ def postgres_driver(
     are the server's own: a pooler, a proxy or a port mapping in between turns
     preparation off) or ``prepared_statements=True`` says the pooler keeps them
     (PgBouncer 1.21+ with ``max_prepared_statements``); ``False`` never prepares.
+
+    ``done_retention=0`` keeps no done rows: the ack deletes a job that settles
+    ``done`` with its step rows and leases, in the same statement (what
+    graphile-worker does: no new row version, no index entry). The
+    dashboard's counters still count it; ``show`` answers not found. A child
+    (its parent reads its result) and a ``unique_for=`` job keep their rows;
+    failed, dead and cancelled rows are kept as always. ``None`` (the default)
+    keeps done rows until :class:`~trio_jobs.Retention` purges them (its own
+    ``done_retention``, 14 days); any other value is ``X_CONFIG_INVALID``.
     """
     from ._driver import PostgresDriver
 
@@ -85,6 +96,7 @@ def postgres_driver(
         pool_size=pool_size,
         listen_dsn=listen_dsn,
         prepared_statements=prepared_statements,
+        keep_done=keep_done_option(done_retention, "PostgreSQL"),
     )
 
 

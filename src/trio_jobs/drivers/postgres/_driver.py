@@ -379,8 +379,12 @@ class PostgresDriver:
         step_linger: float = 0.0,
         listen_dsn: str | None = None,
         prepared_statements: bool | None = None,
+        keep_done: bool = True,
     ) -> None:
         self._dsn_arg = dsn
+        #: False: a job that settles done is deleted by its ack (done_retention=0).
+        self.keep_done = keep_done
+        self._ack_query = "ack_many" if keep_done else "ack_many_unkept"
         self._listen_dsn_arg = listen_dsn
         self._prepare = prepared_statements
         #: Whether statements are prepared on the server (decided at open).
@@ -1075,7 +1079,7 @@ class PostgresDriver:
             if again:
                 row["again"] = True
             rows.append(row)
-        found = await self._fetch("ack_many", {"rows": _json(rows)})
+        found = await self._fetch(self._ack_query, {"rows": _json(rows)})
         # A released slot made the first run waiting on its key due: wake this
         # process's idle workers on that queue (the others find it at their poll).
         self._fire(sorted({r[1] for r in found if r[1] is not None}))

@@ -536,6 +536,77 @@ FROM hit
 UNION ALL
 SELECT ord, NULL FROM again;
 
+-- name: ack_many_unkept
+-- ack_many for a driver that keeps no done rows (`done_retention=0`): the
+-- same fence, lock order, leases and counters, but a row that settles done is
+-- DELETEd with its step rows in the same statement (no new row version, no
+-- index entry). Kept as ack_many keeps it: a child (`parent_id`: its parent's
+-- step.invoke / step.gather reads its result from the row) and a row of a
+-- unique_for= key (the settled row is what keeps the key taken). The retry of
+-- an ack whose answer never came (`again`) answers landed when its row still
+-- carries its claim (as in ack_many) or is gone: the only statements that
+-- delete a row delete a settled one, so a gone row's job is done.
+WITH n AS (SELECT trio_jobs_now(%(now)s) AS now),
+input AS (
+    SELECT * FROM json_to_recordset(%(rows)s::json) AS t(
+        ord int, id uuid, worker_id text, claim int8, result text, progress text,
+        duration float8, again boolean)
+),
+locked AS MATERIALIZED (
+    SELECT j.id, i.ord, i.result, i.progress, i.duration,
+        j.parent_id IS NOT NULL OR coalesce(j.unique_key, false) AS kept
+    FROM input i
+    JOIN trio_jobs_jobs j ON j.id = i.id
+    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
+      AND j.lease_expires_at > (SELECT now FROM n)
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+),
+kept AS (
+    UPDATE trio_jobs_jobs j SET
+        state = 'done', result = l.result::json, worker_id = NULL,
+        updated_at = n.now, progress = coalesce(l.progress::json, j.progress)
+    FROM locked l, n
+    WHERE j.id = l.id AND l.kept
+    RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now
+),
+gone AS (
+    DELETE FROM trio_jobs_jobs j USING locked l, n
+    WHERE j.id = l.id AND NOT l.kept
+    RETURNING j.id, j.name, j.queue, l.ord, l.duration, n.now
+),
+hit AS (
+    SELECT * FROM kept UNION ALL SELECT * FROM gone
+),
+steps_gone AS (
+    DELETE FROM trio_jobs_steps s USING gone WHERE s.job_id = gone.id
+),
+again AS (
+    SELECT i.ord FROM input i
+    WHERE i.again AND coalesce((
+        SELECT j.state <> 'running' AND j.claim = i.claim
+        FROM trio_jobs_jobs j WHERE j.id = i.id), true)
+),
+freed AS (
+    DELETE FROM trio_jobs_leases s USING hit WHERE s.job_id = hit.id
+    RETURNING s.job_id
+),
+counted AS (
+    INSERT INTO trio_jobs_counters AS c (bucket, name, shard, done, duration, queue)
+    SELECT floor(hit.now / 60) * 60, hit.name, mod(pg_backend_pid(), 16)::smallint, count(*),
+        coalesce(sum(hit.duration), 0),
+        max(hit.queue)
+    FROM hit GROUP BY 1, 2, 3
+    ORDER BY 1, 2
+    ON CONFLICT (bucket, name, shard) DO UPDATE
+        SET done = c.done + excluded.done, duration = c.duration + excluded.duration,
+            queue = excluded.queue
+)
+SELECT ord, CASE WHEN hit.id IN (SELECT f.job_id FROM freed f) THEN queue END
+FROM hit
+UNION ALL
+SELECT ord, NULL FROM again;
+
 -- name: nack
 -- The fenced hand-back. Live again (ready/delayed/suspended, due at `run_at` or
 -- now + `delay`) or for good (dead/failed). `counted = false` gives the attempt
