@@ -135,7 +135,20 @@ class Schedule:
         if self.every is not None:
             return float((math.floor(t / self.every) + 1) * self.every)
         assert self.cron is not None
-        return next(CronSim(self.cron, self.local(t))).timestamp()
+        found = next(CronSim(self.cron, self.local(t))).timestamp()
+        # cronsim's forward step can skip occurrences right after a DST change of
+        # other than an hour (Australia/Lord_Howe's 30 minutes: from 02:59 +11 the
+        # day before, it answers 02:30 +10:30 and skips 02:00-02:29 +10:30). Its
+        # reverse walk (what `newest` reads) finds them: take the oldest one it
+        # sees after `t`, so both agree. Usually one step: `found` itself.
+        for moment in CronSim(
+            self.cron, self.local(found) + timedelta(microseconds=1), reverse=True
+        ):
+            at = moment.timestamp()
+            if at <= t:
+                break
+            found = min(found, at)
+        return found
 
     def newest(self, after: float, until: float, limit: int) -> tuple[list[float], bool]:
         """The newest ``limit`` occurrences in ``(after, until]``, oldest first, and
