@@ -268,41 +268,21 @@ class RunState:
                 if not is_transient(first):
                     raise
                 landed = await self._put_again(record, first, began + WRITE_BUDGET)
-            if not landed:
-                self._refused()
-            self.records[record.name] = record
-            return
-        again = self._again(record)
-        landed = False
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_BUDGET) as scope:
-            try:
+        else:
+            landed = False
+            with trio.CancelScope(
+                shield=True, deadline=trio.current_time() + WRITE_BUDGET
+            ) as scope:
                 try:
-                    # The first try bare (what write_retrying does first, one frame less).
                     landed = await driver.steps.put(claimed.id, claimed.fence, record)
                 except JobsError as first:
                     if not is_transient(first):
                         raise
-                    key, event, fields = self._about(record.name)()
-                    landed = await retry_transient(
-                        again,
-                        first,
-                        deadline=scope.deadline,
-                        gone=self._gone,
-                        key=key,
-                        event=event,
-                        fields=fields,
-                    )
-            except JobsError as exc:
-                if not is_transient(exc) or self._gone():
-                    raise
-                # The budget ran out with the database still away: not the body's
-                # failure, and not a lost lease (the lease still holds as far as
-                # this worker knows). The worker hands the run back uncounted.
-                raise InfraFault(exc) from None
-        if scope.cancelled_caught and not self._gone():
-            # The write hung for the whole budget: its outcome is unknown, which a
-            # replay resolves (the claim carries whatever landed).
-            raise InfraFault(_hung(record.name))
+                    landed = await self._put_again(record, first, scope.deadline)
+            if scope.cancelled_caught and not self._gone():
+                # The write hung for the whole budget: its outcome is unknown, which a
+                # replay resolves (the claim carries whatever landed).
+                raise InfraFault(_hung(record.name))
         if not landed:
             self._refused()
         self.records[record.name] = record
@@ -321,8 +301,9 @@ class RunState:
         return again
 
     async def _put_again(self, record: StepRecord, first: JobsError, deadline: float) -> bool:
-        """The retries of a shielded store's put after its first try failed
-        (transient), shielded until ``deadline``; as :meth:`put`'s own retries."""
+        """The retries of a put whose first try failed (transient), shielded until
+        ``deadline``; the budget spent with the database still away, or a hung
+        retry, is an :class:`InfraFault` (the worker hands the run back uncounted)."""
         landed = False
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
             try:
