@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pg_schemas import base_dsn
@@ -98,6 +98,13 @@ def test_start_takes_an_aware_datetime_only() -> None:
     ),
     local=st.booleans(),
 )
+# a day whose midnight Santiago skipped: its bucket starts at 01:00 -03
+@example(
+    unit="day", tz="America/Santiago", at=datetime(2000, 10, 15, 10, 18, tzinfo=UTC), local=False
+)
+@example(
+    unit="day", tz="America/Santiago", at=datetime(2000, 10, 15, 10, 18, tzinfo=UTC), local=True
+)
 def test_a_start_is_at_or_before_the_instant_and_starts_its_own_bucket(
     unit: str, tz: str, at: datetime, local: bool
 ) -> None:
@@ -105,10 +112,15 @@ def test_a_start_is_at_or_before_the_instant_and_starts_its_own_bucket(
     if local:  # the same instant, given in the bucket's zone
         at = datetime.fromtimestamp(at.timestamp(), ZoneInfo(tz))
     start = bucket.start(at)
-    assert start <= at
-    assert bucket.start(start) == start
-    # the instant before it is in an earlier bucket
-    assert bucket.start(start - timedelta(microseconds=1)) < start
+    # Compared as instants: two datetimes in one zone compare (and subtract) on
+    # their wall clocks, and a wall clock skips and repeats at a change.
+    assert start.timestamp() <= at.timestamp()
+    assert bucket.start(start).timestamp() == start.timestamp()
+    # the instant before it is in an earlier bucket (a step back in UTC: one on
+    # the wall clock from 01:00 on a day whose midnight was skipped lands in the
+    # skipped hour, which is read as after the change)
+    before = start.astimezone(UTC) - timedelta(microseconds=1)
+    assert bucket.start(before).timestamp() < start.timestamp()
 
 
 # ---------------------------------------------------------------- against date_trunc
