@@ -9,7 +9,7 @@ two load processes of one mix against a database together.
 
 The process side, run as a script by ``stress``:
 
-    python lock_stress.py MIX DSN SECONDS SEED SLOTS
+    python lock_stress.py MIX DSN SECONDS SEED SLOTS FLOORS
 
 drives one PostgresDriver the way a busy worker does, through the driver's
 own methods, with every order shuffled so nothing lines the rows up but the
@@ -32,7 +32,8 @@ back for a retry; an operator cancels a parent now and then (its live
 children with it) and removes a child that waits.
 
 A process prints ``ready`` once connected, waits for a line on stdin (the go:
-both start together), runs SECONDS and prints what it did as one JSON line. A
+both start together), runs SECONDS (and on, until it made each kind of call
+FLOORS, a JSON object, asks for) and prints what it did as one JSON line. A
 failed call is counted, never fatal: the tests count deadlocks on the server,
 not here (a driver may retry a deadlock victim as a transient error).
 """
@@ -73,6 +74,8 @@ from trio_jobs.drivers.postgres._sql import load_queries
 
 SCRIPT = Path(__file__)
 VISIBILITY = 60.0
+#: How much longer than SECONDS a load process may run to reach its floors.
+OVERTIME = 4
 
 # --------------------------------------------------------------------------- the test side
 
@@ -152,11 +155,18 @@ def deadlock_once(dsn: str) -> None:
 
 
 def stress(
-    mix: str, dsn: str, tmp: Path, seconds: float, slots: int, first_line: bytes | None = None
+    mix: str,
+    dsn: str,
+    tmp: Path,
+    seconds: float,
+    slots: int,
+    floors: dict[str, int],
+    first_line: bytes | None = None,
 ) -> list[dict[str, int]]:
     """Two load processes of ``mix`` against ``dsn`` for ``seconds``, started
-    together (``first_line``, when given, is each one's first stdin line); what
-    each did."""
+    together (``first_line``, when given, is each one's first stdin line), each
+    going on past ``seconds`` (up to OVERTIME times as long) until it made every
+    kind of call in ``floors`` that many times; what each did."""
     env = dict(os.environ)
     env.pop("DATABASE_URL", None)
     procs: list[subprocess.Popen[bytes]] = []
@@ -165,7 +175,16 @@ def stress(
         try:
             for seed, err_path in enumerate(errs, start=1):
                 err = files.enter_context(err_path.open("wb"))
-                argv = [sys.executable, str(SCRIPT), mix, dsn, str(seconds), str(seed), str(slots)]
+                argv = [
+                    sys.executable,
+                    str(SCRIPT),
+                    mix,
+                    dsn,
+                    str(seconds),
+                    str(seed),
+                    str(slots),
+                    orjson.dumps(floors).decode(),
+                ]
                 procs.append(
                     subprocess.Popen(
                         argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
@@ -184,7 +203,7 @@ def stress(
                 proc.stdin.flush()
             did = []
             for err_path, proc in zip(errs, procs, strict=True):
-                out, _ = proc.communicate(timeout=seconds + 60)
+                out, _ = proc.communicate(timeout=seconds * (1 + OVERTIME) + 60)
                 log = err_path.read_text("utf-8", "replace")
                 assert proc.returncode == 0, log
                 did.append(orjson.loads(out.splitlines()[-1]))
@@ -384,7 +403,9 @@ class ChildrenLoad(Load):
         return [*super().tasks(), self.operator]
 
 
-async def main(mix: str, dsn: str, seconds: float, seed: int, slots: int) -> None:
+async def main(
+    mix: str, dsn: str, seconds: float, seed: int, slots: int, floors: dict[str, int]
+) -> None:
     d = postgres_driver(dsn, migrate=False, pool_size=16)
     await d.open()
     try:
@@ -396,17 +417,26 @@ async def main(mix: str, dsn: str, seconds: float, seed: int, slots: int) -> Non
             load = WorkerLoad(d, seed, slots)
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)  # the go: both start together
-        with trio.move_on_after(seconds):
-            async with trio.open_nursery() as nursery:
-                for task in load.tasks():
-                    nursery.start_soon(task)  # type: ignore[arg-type]
-                for _ in range(slots):
-                    nursery.start_soon(load.slot)
+        async with trio.open_nursery() as nursery:
+            for task in load.tasks():
+                nursery.start_soon(task)  # type: ignore[arg-type]
+            for _ in range(slots):
+                nursery.start_soon(load.slot)
+            await trio.sleep(seconds)
+            # On a loaded box SECONDS may not be enough work to prove anything:
+            # go on until this process made every kind of call its floor asks
+            # for (the test asserts the same floors), up to OVERTIME times more.
+            with trio.move_on_after(seconds * OVERTIME):
+                while True:
+                    if all(load.did[what] >= least for what, least in floors.items()):
+                        break
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
     finally:
         await d.close()
     print(orjson.dumps(dict(load.did)).decode(), flush=True)
 
 
 if __name__ == "__main__":
-    mix, dsn, seconds, seed, slots = sys.argv[1:6]
-    trio.run(main, mix, dsn, float(seconds), int(seed), int(slots))
+    mix, dsn, seconds, seed, slots, floors = sys.argv[1:7]
+    trio.run(main, mix, dsn, float(seconds), int(seed), int(slots), orjson.loads(floors))

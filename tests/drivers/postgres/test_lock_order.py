@@ -69,24 +69,28 @@ def _enqueue(dsn: str) -> None:
 def stress(dsn: str, tmp: Path) -> list[dict[str, int]]:
     """Two ``worker`` load processes against ``dsn`` for SECONDS; what each did."""
     _enqueue(dsn)
-    return lock_stress.stress("worker", dsn, tmp, SECONDS, SLOTS)
+    return lock_stress.stress("worker", dsn, tmp, SECONDS, SLOTS, FLOORS)
+
+
+#: What each load process must have done for the stress to prove anything.
+FLOORS = {
+    "heartbeat": 20,
+    "step": 300,
+    "ack": 100,
+    "nack": 100,
+    "claim": 20,
+    "publish": 20,
+    "promote_many": 10,
+    "requeue_many": 10,
+    "lease": 20,
+}
 
 
 def check_busy(did: list[dict[str, int]]) -> None:
     """The stress did contend: each process made every kind of call, many times."""
     print(did)
     for counts in did:
-        for what, least in (
-            ("heartbeat", 20),
-            ("step", 300),
-            ("ack", 100),
-            ("nack", 100),
-            ("claim", 20),
-            ("publish", 20),
-            ("promote_many", 10),
-            ("requeue_many", 10),
-            ("lease", 20),
-        ):
+        for what, least in FLOORS.items():
             assert counts.get(what, 0) >= least, (what, counts)
 
 
