@@ -194,15 +194,16 @@ async def _stage_and_raise(dsn: str, key: str) -> None:
             _say({"rolled_back": enq.id})
 
 
-async def _enqueue_on_go(dsn: str, key: str, go: str) -> None:
-    """Connect, say ready, wait for the go file, enqueue ``key`` once."""
+async def _enqueue_on_go(dsn: str, key: str) -> None:
+    """Connect, say ready, wait for the go (a line on stdin), enqueue ``key`` once.
+
+    Blocking on stdin, not polling for a file: twenty processes polling every
+    millisecond load a small box enough to stretch the race past its timeouts."""
     from trio_jobs.drivers.postgres import postgres_driver
 
     async with open_jobs(postgres_driver(dsn, pool_size=1), jobs=jobs):
         _say({"ready": os.getpid()})
-        flag = trio.Path(go)
-        while not await flag.exists():  # noqa: ASYNC110 — a file another process makes
-            await trio.sleep(0.001)
+        await trio.to_thread.run_sync(sys.stdin.readline)
         enq = await pickup.enqueue(Work(key))
         _say({"id": enq.id, "deduped": enq.deduped})
 
@@ -214,7 +215,7 @@ def main(argv: list[str]) -> None:
     elif command == "stage-and-raise":
         trio.run(_stage_and_raise, dsn, rest[0])
     elif command == "enqueue-on-go":
-        trio.run(_enqueue_on_go, dsn, rest[0], rest[1])
+        trio.run(_enqueue_on_go, dsn, rest[0])
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -56,7 +56,7 @@ class Procs:
         env.pop("DATABASE_URL", None)  # the DSN is passed: it carries the schema
         return env
 
-    def spawn(self, *args: str, stdout: Any = None) -> subprocess.Popen[bytes]:
+    def spawn(self, *args: str, stdout: Any = None, stdin: Any = None) -> subprocess.Popen[bytes]:
         self._n += 1
         err = open(self.tmp / f"proc{self._n}.err", "wb")
         proc = subprocess.Popen(
@@ -64,6 +64,7 @@ class Procs:
             env=self._env(),
             cwd=self.tmp,
             stdout=stdout if stdout is not None else subprocess.DEVNULL,
+            stdin=stdin,
             stderr=err,
         )
         proc.err_path = err.name  # type: ignore[attr-defined]
@@ -360,12 +361,17 @@ def test_a_rolled_back_transaction_leaves_no_job(
 
 
 def test_twenty_concurrent_enqueues_of_one_key_from_twenty_processes_make_one_row(
-    procs: Procs, dsn: str, pg_dsn: str, pg_schema: str, tmp_path: Path
+    procs: Procs, dsn: str, pg_dsn: str, pg_schema: str
 ) -> None:
-    go = tmp_path / "go"
     racers = [
         procs.spawn(
-            "-m", "process_jobs", "enqueue-on-go", dsn, "the-key", str(go), stdout=subprocess.PIPE
+            "-m",
+            "process_jobs",
+            "enqueue-on-go",
+            dsn,
+            "the-key",
+            stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE,
         )
         for _ in range(20)
     ]
@@ -374,7 +380,10 @@ def test_twenty_concurrent_enqueues_of_one_key_from_twenty_processes_make_one_ro
         line = proc.stdout.readline()
         assert line, procs.log(proc)
         assert "ready" in orjson.loads(line)
-    go.touch()  # every process is connected and waiting: they enqueue together
+    for proc in racers:  # every process is connected and waiting: they enqueue together
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
     answers = []
     for proc in racers:
         assert proc.stdout is not None
