@@ -20,9 +20,13 @@ Parts (``--only``):
     the same rounds, trio-jobs' PostgreSQL driver runs the same no-op job on
     ``--pg-dsn`` (else ``$DATABASE_URL``; ``--pg-dsn ''`` leaves it out) at its
     best setting of ``python -m benchmarks postgres`` (concurrency 1024), so
-    the Redis driver is compared with it in one run. The worker's CPU per job
-    (``time.process_time``) is printed beside each trio-jobs rate: it does not
-    move with a noisy neighbour as wall time does.
+    the Redis driver is compared with it in one run, and the memory driver (no
+    server, no I/O: the worker's own per-job cost). The worker's CPU per job
+    (``time.process_time``) is printed beside each trio-jobs rate, and the
+    server's (Redis: ``INFO cpu`` over the timed window, every client of that
+    server counted; PostgreSQL: its backends from ``/proc``): they do not move
+    with a noisy neighbour as wall time does. A last line gives the rate those
+    CPU figures allow on this box's cores.
 ``pickup``
     An idle worker; a second client (its own connection pool, as another
     process has) enqueues one job at a time, 300 ms apart; latency is from just
