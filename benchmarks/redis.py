@@ -20,9 +20,13 @@ Parts (``--only``):
     the same rounds, trio-jobs' PostgreSQL driver runs the same no-op job on
     ``--pg-dsn`` (else ``$DATABASE_URL``; ``--pg-dsn ''`` leaves it out) at its
     best setting of ``python -m benchmarks postgres`` (concurrency 1024), so
-    the Redis driver is compared with it in one run. The worker's CPU per job
-    (``time.process_time``) is printed beside each trio-jobs rate: it does not
-    move with a noisy neighbour as wall time does.
+    the Redis driver is compared with it in one run, and the memory driver (no
+    server, no I/O: the worker's own per-job cost). The worker's CPU per job
+    (``time.process_time``) is printed beside each trio-jobs rate, and the
+    server's (Redis: ``INFO cpu`` over the timed window, every client of that
+    server counted; PostgreSQL: its backends from ``/proc``): they do not move
+    with a noisy neighbour as wall time does. A last line gives the rate those
+    CPU figures allow on this box's cores.
 ``pickup``
     An idle worker; a second client (its own connection pool, as another
     process has) enqueues one job at a time, 300 ms apart; latency is from just
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -71,6 +76,8 @@ ARQ_SPEC = os.environ.get("BENCH_ARQ", "arq==0.28.0")
 TJ_CONCURRENCY = (256, 1024)
 #: The PostgreSQL driver's concurrency (its best in `python -m benchmarks postgres`).
 PG_CONCURRENCY = 1024
+#: The memory driver's, in the same rounds (the worker's own ceiling).
+MEM_CONCURRENCY = 1024
 #: (max_jobs, poll_delay) for arq's throughput runs.
 ARQ_THROUGHPUT = ((50, 0.01), (200, 0.01))
 #: poll_delay for arq's pickup runs: its default, then a tight poll.
@@ -113,18 +120,29 @@ async def _delete_prefix(url: str, pattern: str) -> None:
             await client.delete(batch)
 
 
-async def _tj_throughput_once(url: str, n: int, concurrency: int) -> tuple[float, float]:
-    """One timed run: jobs/s, and the worker's CPU µs per job."""
+async def _tj_throughput_once(
+    url: str, n: int, concurrency: int, driver_name: str = "redis"
+) -> tuple[float, float, float]:
+    """One timed run: jobs/s, the worker's CPU µs per job, and the Redis
+    server's (``INFO cpu`` over the timed window: every client of that server
+    counts; 0 for the memory driver, which has no server)."""
+    from trio_jobs import memory_driver
+
+    from .memory import _Settles as _MemorySettles
     from .postgres import _Settles
 
     prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
+    redis = driver_name == "redis"
     try:
-        driver = redis_driver(url, prefix=prefix)
+        driver: Any = redis_driver(url, prefix=prefix) if redis else memory_driver()
         async with open_jobs(driver, jobs=[redis_noop]) as jobs:
             for start in range(0, n, 10_000):
                 await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
-            settles = _Settles(driver, n)
+            # (the memory driver's batched ack calls its `ack`: its own counter,
+            # which wraps `ack` alone, counts each settle once)
+            settles = _Settles(driver, n) if redis else _MemorySettles(driver, n)
             worker = Worker(jobs, concurrency=concurrency)
+            server0 = await _server_cpu(url) if redis else 0.0
             async with trio.open_nursery() as nursery:
                 cpu0 = time.process_time()
                 started = time.perf_counter()
@@ -133,24 +151,31 @@ async def _tj_throughput_once(url: str, n: int, concurrency: int) -> tuple[float
                     await settles.done.wait()
                 elapsed = settles.finished_at - started
                 cpu = time.process_time() - cpu0
+                server = (await _server_cpu(url) - server0) if redis else 0.0
                 await worker.drain()
             done = sum(s.done for s in await jobs.stats())
             if done != n:
                 raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
     finally:
-        await _delete_prefix(url, f"{prefix}:*")
-    return n / elapsed, cpu / n * 1e6
+        if redis:
+            await _delete_prefix(url, f"{prefix}:*")
+    return n / elapsed, cpu / n * 1e6, server / n * 1e6
 
 
-def _pg_throughput_once(dsn: str, n: int) -> tuple[float, float]:
+def _pg_throughput_once(dsn: str, n: int) -> tuple[float, float, float]:
     """The PostgreSQL driver's no-op run, as ``python -m benchmarks postgres``
-    times it (its own database, dropped afterwards)."""
+    times it (its own database, dropped afterwards): jobs/s, the worker's CPU
+    µs per job, and its backends' (``/proc``; 0 when the server is not local)."""
     from . import postgres
 
     server = postgres.Server(dsn)
     with server.database("redis_peer") as db:
         rate = postgres.tj_throughput(server, db, postgres.pg_noop, n, PG_CONCURRENCY)
-    return rate, float(postgres.LAST_CPU["worker"] or 0.0)
+    return (
+        rate,
+        float(postgres.LAST_CPU["worker"] or 0.0),
+        float(postgres.LAST_CPU["server"] or 0.0),
+    )
 
 
 async def _tj_pickup_once(url: str, samples: int, interval: float) -> list[float]:
@@ -493,21 +518,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[str] = []
     ratios: list[str] = []
     if "throughput" in parts:
-        tj: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
-        tj_cpu: dict[int, list[float]] = {c: [] for c in TJ_CONCURRENCY}
-        pg: list[float] = []
-        pg_cpu: list[float] = []
+        # label -> (rates, worker CPU µs/job, server CPU µs/job) of each round
+        tj: dict[str, tuple[list[float], list[float], list[float]]] = {}
+
+        def note(label: str, got: tuple[float, float, float]) -> None:
+            for into, value in zip(tj.setdefault(label, ([], [], [])), got, strict=True):
+                into.append(value)
+
         peer: dict[tuple[int, float], list[float]] = {c: [] for c in ARQ_THROUGHPUT}
         for run in range(args.runs):
             print(f"throughput round {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
             for c in TJ_CONCURRENCY:
-                rate, cpu = trio.run(_tj_throughput_once, args.url, args.jobs, c)
-                tj[c].append(rate)
-                tj_cpu[c].append(cpu)
+                note(
+                    f"trio-jobs (Redis driver), concurrency {c}",
+                    trio.run(_tj_throughput_once, args.url, args.jobs, c),
+                )
             if args.pg_dsn:
-                rate, cpu = _pg_throughput_once(args.pg_dsn, args.jobs)
-                pg.append(rate)
-                pg_cpu.append(cpu)
+                note(
+                    f"trio-jobs (PostgreSQL driver), concurrency {PG_CONCURRENCY}",
+                    _pg_throughput_once(args.pg_dsn, args.jobs),
+                )
+            # The memory driver: no server, no I/O; the worker's own per-job cost,
+            # the ceiling of one worker process whatever the driver.
+            note(
+                f"trio-jobs (memory driver), concurrency {MEM_CONCURRENCY}",
+                trio.run(_tj_throughput_once, args.url, args.jobs, MEM_CONCURRENCY, "memory"),
+            )
             for max_jobs, poll in ARQ_THROUGHPUT:
                 got = arq.run(
                     args.url,
@@ -519,32 +555,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if got["done"] != args.jobs:
                     raise RuntimeError(f"arq finished {got['done']} of {args.jobs} jobs")
                 peer[(max_jobs, poll)].append(got["rate"])
-        for c, rates in tj.items():
+        bounds: list[str] = []
+        for label, (rates, worker, server) in tj.items():
+            w, srv = _median(worker), _median(server)
+            cpu = f"worker CPU {w:,.0f} µs a job" + (f", server CPU {srv:,.0f}" if srv else "")
             rows.append(
-                f"| no-op jobs/s, {args.jobs:,} jobs | trio-jobs (Redis driver), concurrency {c} "
-                f"| **{_median(rates):,.0f}** | {min(rates):,.0f} to {max(rates):,.0f}; "
-                f"worker CPU {_median(tj_cpu[c]):,.0f} µs a job |"
+                f"| no-op jobs/s, {args.jobs:,} jobs | {label} | **{_median(rates):,.0f}** | "
+                f"{min(rates):,.0f} to {max(rates):,.0f}; {cpu} |"
             )
-        if pg:
-            rows.append(
-                f"| no-op jobs/s, {args.jobs:,} jobs | trio-jobs (PostgreSQL driver), "
-                f"concurrency {PG_CONCURRENCY} | **{_median(pg):,.0f}** | "
-                f"{min(pg):,.0f} to {max(pg):,.0f}; worker CPU {_median(pg_cpu):,.0f} µs a job |"
-            )
+            # What those CPU figures allow one worker and its server on this box's
+            # cores: the worker's one thread, Redis's one thread (PostgreSQL's
+            # backends are many), and the two together over the cores.
+            cores = os.cpu_count() or 1
+            one_thread = 1e6 / srv if srv and "Redis" in label else math.inf
+            bound = min(1e6 / w, one_thread, cores * 1e6 / (w + srv))
+            bounds.append(f"{label.removeprefix('trio-jobs ')}: {bound:,.0f}")
         for (max_jobs, poll), rates in peer.items():
             rows.append(
                 f"| no-op jobs/s, {args.jobs:,} jobs | arq {arq.version}, max_jobs {max_jobs}, "
                 f"poll_delay {poll} s | **{_median(rates):,.0f}** | "
                 f"{min(rates):,.0f} to {max(rates):,.0f} |"
             )
-        best = max(_median(r) for r in tj.values())
+        best = max(_median(r) for label, (r, _w, _s) in tj.items() if "Redis" in label)
         ratios.append(
             f"Redis driver's best / arq's best: **{best / max(_median(r) for r in peer.values()):.2f}x** (target 3x or more)"
         )
+        pg = [r for label, (r, _w, _s) in tj.items() if "PostgreSQL" in label]
         if pg:
             ratios.append(
-                f"Redis driver's best / PostgreSQL driver: **{best / _median(pg):.2f}x** (target 1.5x or more)"
+                f"Redis driver's best / PostgreSQL driver: **{best / _median(pg[0]):.2f}x** (target 1.5x or more)"
             )
+        ratios.append(
+            "jobs/s the CPU a job allows (medians; the least of 1/worker, 1/server for Redis's "
+            "one thread, cores/(worker + server)): " + "; ".join(bounds)
+        )
     if "pickup" in parts:
         tj_lat: list[float] = []
         peer_lat: dict[float, list[float]] = {p: [] for p in ARQ_PICKUP}

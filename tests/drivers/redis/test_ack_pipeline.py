@@ -89,6 +89,26 @@ async def test_the_driver_offers_the_batched_ack(driver: RedisDriver) -> None:
     assert await _done_counted(driver, "job") == 2
 
 
+async def test_the_ack_script_takes_its_settles_as_plain_arguments(driver: RedisDriver) -> None:
+    # Fails on a tree whose ack script took one JSON text of settles (it refused these).
+    await driver.enqueue_many([req("p0"), req("p1")])
+    got = await driver.claim(ClaimOptions("w1", {"default": 2}, 30.0))
+    a, b = got.jobs
+    landed = await driver._script(
+        "ack",
+        [
+            *(a.id, "w1", str(int(a.fence.claim)), '={"n":[1,"\u00e9"]}', "", "=0.25", ""),
+            *(b.id, "w1", str(int(b.fence.claim) + 1000), "", "", "", ""),  # a stale claim
+        ],
+    )
+    assert landed == [1, 0]
+    assert driver.introspect is not None
+    shown = await driver.introspect.show(a.id)
+    assert (shown.state, shown.result) == ("done", {"n": [1, "\u00e9"]})
+    assert (await driver.introspect.show(b.id)).state == "running"
+    assert await _done_counted(driver, "job") == 1
+
+
 async def test_a_bad_duration_refuses_the_batch_before_anything_is_sent(
     driver: RedisDriver,
 ) -> None:

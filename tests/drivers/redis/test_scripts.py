@@ -116,14 +116,26 @@ CASES: list[tuple[str, ErrorCode, Call]] = [
         ErrorCode.X_INVARIANT,
         lambda w: w.driver.ack(w.held.id, AckOptions(fence=w.held.fence, duration=math.nan)),
     ),
-    ("ack claim='x'", ErrorCode.X_INVARIANT, _script("ack", '[["id","w1","x","","","",""]]')),
-    ("ack: a settle cut short", ErrorCode.X_INVARIANT, _script("ack", '[["id","w1","1"]]')),
-    ("ack: no JSON", ErrorCode.X_INVARIANT, _script("ack", "not json")),
+    ("ack claim='x'", ErrorCode.X_INVARIANT, _script("ack", "id", "w1", "x", "", "", "", "")),
+    ("ack: a settle cut short", ErrorCode.X_INVARIANT, _script("ack", "id", "w1", "1")),
     (
-        "ack: a number for a string",
+        "ack: the held row's good settle, then one cut short",
         ErrorCode.X_INVARIANT,
-        _script("ack", '[["id","w1",1,"","","",""]]'),
+        lambda w: w.driver._script(
+            "ack", [w.held.id, "w1", str(int(w.held.fence.claim)), "", "", "", "", "id2", "w1"]
+        ),
     ),
+    (
+        "ack: a result not =-encoded",
+        ErrorCode.X_INVARIANT,
+        _script("ack", "id", "w1", "1", "null", "", "", ""),
+    ),
+    (
+        "ack: a duration past 100 years",
+        ErrorCode.X_INVARIANT,
+        _script("ack", "id", "w1", "1", "", "", "=1e12", ""),
+    ),
+    ("ack: again='2'", ErrorCode.X_INVARIANT, _script("ack", "id", "w1", "1", "", "", "", "2")),
     ("nack run_at=nan", ErrorCode.X_INVARIANT, _nack(run_at=math.nan)),
     ("nack delay=inf", ErrorCode.X_INVARIANT, _nack(delay=math.inf)),
     ("nack run_at=1e20", ErrorCode.X_INVARIANT, _nack(run_at=1e20)),

@@ -92,10 +92,16 @@ def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
     raise coredis.exceptions.ConnectionError("the server's reply is not RESP2")
 
 
-def _encode(args: Sequence[str | bytes]) -> bytes:
+def _encode(args: Sequence[str]) -> bytes:
+    """One command as RESP2. ASCII text (ids, numbers, the settles' fields: the
+    common case) is framed as one string and encoded once, its lengths those of
+    the strings; other text is framed by its UTF-8 bytes, argument by argument."""
+    text = "".join([f"${len(a)}\r\n{a}\r\n" for a in args])
+    if text.isascii():
+        return f"*{len(args)}\r\n{text}".encode()
     parts = [b"*%d\r\n" % len(args)]
     for a in args:
-        b = a.encode("utf-8") if isinstance(a, str) else a
+        b = a.encode("utf-8")
         parts.append(b"$%d\r\n" % len(b))
         parts.append(b)
         parts.append(b"\r\n")
