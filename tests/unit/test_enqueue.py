@@ -909,6 +909,13 @@ def test_an_unseeded_batch_of_ids_is_canonical_uuid4_either_side_of_the_columnwi
     ids = UuidSource().new_ids(n)
     assert len(ids) == n
     assert len(set(ids)) == n
+    # The first 32 bits count up by one; the rest is random.
+    first = int(ids[0][:8], 16)
+    assert [int(value[:8], 16) for value in ids] == [(first + k) % 2**32 for k in range(n)]
+    if n >= 64:
+        for position in range(9, 36):
+            if position not in (13, 14, 18, 19, 23):
+                assert len({value[position] for value in ids}) > 4, position
     for value in ids:
         parsed = uuid.UUID(value)
         assert str(parsed) == value

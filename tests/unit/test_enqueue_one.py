@@ -8,6 +8,7 @@ single enqueue has its own path).
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
 from collections.abc import Callable
@@ -238,11 +239,15 @@ def test_a_pair_of_fresh_ids_is_two_distinct_canonical_uuid4s_over_all_their_ran
         assert str(parsed) == value
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
-    # Every digit but the version's takes many values (no position fixed by
-    # the layout), and the variant digit each of its four.
-    for position in range(36):
+    # The first eight digits count up by one from id to id (a pair is two
+    # steps of the source's counter); every later digit but the version's takes
+    # many values (no position fixed by the layout), the variant digit each of
+    # its four.
+    counters = [int(value[:8], 16) for value in ids]
+    assert [(b - a) % 2**32 for a, b in itertools.pairwise(counters)] == [1] * (len(ids) - 1)
+    for position in range(9, 36):
         seen = {value[position] for value in ids}
-        if position in (8, 13, 18, 23):
+        if position in (13, 18, 23):
             assert seen == {"-"}
         elif position == 14:
             assert seen == {"4"}
@@ -250,6 +255,32 @@ def test_a_pair_of_fresh_ids_is_two_distinct_canonical_uuid4s_over_all_their_ran
             assert seen == set("89ab")
         else:
             assert len(seen) == 16, position
+
+
+def test_the_counter_in_a_fresh_id_wraps_from_its_top_to_zero_in_every_kind_of_call() -> None:
+    for make in (
+        lambda s: [s.new_id() for _ in range(4)],
+        lambda s: [i for _ in range(2) for i in s.new_pair()],
+        lambda s: s.new_ids(4),
+        lambda s: s.new_ids(100)[:4],
+    ):
+        source = UuidSource()
+        source._count = 2**32 - 2
+        ids = make(source)
+        assert [value[:8] for value in ids] == ["fffffffe", "ffffffff", "00000000", "00000001"]
+        for value in ids:
+            parsed = uuid.UUID(value)
+            assert str(parsed) == value
+            assert parsed.version == 4
+            assert parsed.variant == uuid.RFC_4122
+
+
+def test_two_fresh_sources_count_from_unrelated_starts() -> None:
+    # Each process's source starts its counter at random: two processes' ids
+    # land in two places of the index, and their short ids do not step on each
+    # other's (the chance that 32 starts meet in the top 16 bits is under 1%).
+    starts = {UuidSource().new_id()[:4] for _ in range(32)}
+    assert len(starts) >= 30
 
 
 def test_a_seeded_pair_is_the_next_two_ids_of_the_stream() -> None:
