@@ -14,9 +14,12 @@ def _virtual_time_only(request):
     """Every async test here runs on Trio's MockClock: no wall-clock sleeps.
 
     pytest-trio hands ``trio.run`` only a clock the test itself declares, so an
-    async test that forgets ``autojump_clock`` would run in real time."""
+    async test that forgets ``autojump_clock`` would run in real time.
+    ``mock_clock`` (a MockClock that stands still until the test jumps it) is
+    virtual time too."""
     if inspect.iscoroutinefunction(request.function):
-        if "autojump_clock" not in inspect.signature(request.function).parameters:
+        parameters = inspect.signature(request.function).parameters
+        if "autojump_clock" not in parameters and "mock_clock" not in parameters:
             pytest.fail(f"{request.node.name} must take the autojump_clock fixture")
 
 

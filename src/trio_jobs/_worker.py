@@ -98,6 +98,13 @@ ACK_BATCH = 500
 #: ... and the most such calls in flight at once (each its own statement, on rows
 #: no other holds: a batch waits on the server while the next one is sent).
 ACK_IN_FLIGHT = 2
+#: While a call is in flight, a batch of fewer acks than this waits for its
+#: answer (or for this many acks, or ACK_HOLD seconds) rather than go as a
+#: statement of its own: each statement costs the server about as much as
+#: dozens of rows of one, and a fleet of workers that each sent ack after ack
+#: spent the server on statements (benchmarks/README.md, "Fleet").
+ACK_FILL = 64
+ACK_HOLD = 0.5
 
 
 @attrs.frozen
@@ -1318,7 +1325,7 @@ class Worker:
         runs until ``deadline``); the slot does not wait for it."""
         acks = self._acks
         acks.append((held, ack, deadline, began))
-        if len(acks) == 1 and self._acks_kick is not None:
+        if (len(acks) == 1 or len(acks) == ACK_FILL) and self._acks_kick is not None:
             self._acks_kick.set()
         # The body is done: its room goes to the next claim (see _room).
         self._acking[held.claimed.queue] += 1
@@ -1328,11 +1335,14 @@ class Worker:
     async def _ack_loop(self, sink: AckBatches, nursery: trio.Nursery) -> None:
         """The ack pipeline: sends the acks the slots handed off, a batch per
         call of the driver's ``ack_many`` (up to ``ACK_IN_FLIGHT`` calls at
-        once; the acks handed meanwhile form the next batch), and settles each
+        once; the acks handed meanwhile form the next batch, and a batch of
+        fewer than ``ACK_FILL`` waits for a call in flight, at most
+        ``ACK_HOLD`` seconds, unless the worker is closing), and settles each
         attempt by its answer (:meth:`_acked`). It owns the acks in flight: shielded, so a cancel of
         the worker still sends them (each within its write budget), and it
         returns only once the slots are gone and every ack has its answer."""
         _ambient.role_var.set("ack")
+        held_since: float | None = None
         with trio.CancelScope(shield=True):
             while True:
                 if not self._acks or self._acks_sending >= ACK_IN_FLIGHT:
@@ -1341,6 +1351,17 @@ class Worker:
                     self._acks_kick = trio.Event()
                     await self._acks_kick.wait()
                     continue
+                if self._acks_sending and len(self._acks) < ACK_FILL and not self._acks_closing:
+                    # A small batch waits for the call in flight (ACK_FILL).
+                    now = trio.current_time()
+                    if held_since is None:
+                        held_since = now
+                    if now - held_since < ACK_HOLD:
+                        self._acks_kick = trio.Event()
+                        with trio.move_on_at(held_since + ACK_HOLD):
+                            await self._acks_kick.wait()
+                        continue
+                held_since = None
                 if self._ack_gate is not None:
                     await self._ack_gate()
                 batch = self._acks[:ACK_BATCH]

@@ -8,10 +8,13 @@ Real workers over the memory driver on Trio's MockClock.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from jobs_support import Item, jobs_on_memory, running_worker, wait_for
 from trio_jobs import ErrorCode, JobsError, Worker
@@ -195,6 +198,16 @@ class TestClaimAhead:
                 assert "prefetch" in err.value.message
 
 
+@contextlib.asynccontextmanager
+async def _thawing(clock: trio.testing.MockClock) -> AsyncIterator[None]:
+    """Time jumps to the next timer once the block is left, pass or fail: the
+    worker's drain has its timers."""
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = 0
+
+
 class TestAcksLeaveTheRoom:
     async def test_the_memory_driver_batches_the_slots_acks(self, autojump_clock: Any) -> None:
         from trio_jobs import JobContext, job
@@ -220,6 +233,92 @@ class TestAcksLeaveTheRoom:
                 await wait_for(lambda: w.stats().done == 40)
             assert sum(batches) == 40
             assert max(batches) > 1  # acks of several slots share a call
+
+    async def test_a_small_batch_waits_for_the_ack_call_in_flight_and_goes_whole(
+        self, mock_clock: Any
+    ) -> None:
+        # Frozen clock (time moves only when the test jumps it): what the
+        # pipeline sends depends on the calls' answers alone.
+        from trio.testing import wait_all_tasks_blocked
+
+        gates = Gates()
+        gated = gated_job(gates)
+        async with jobs_on_memory([gated]) as (jobs, driver):
+            sink = driver.acks
+            assert sink is not None
+            held_up = trio.Event()
+            batches: list[list[str]] = []
+            real = sink.ack_many
+
+            async def slow(acks: Any) -> list[bool]:
+                batches.append([job_id for job_id, _options in acks])
+                await held_up.wait()
+                return await real(acks)
+
+            sink.ack_many = slow  # type: ignore[method-assign]
+            keys = [f"k{n}" for n in range(5)]
+            for key in keys:
+                await gated.enqueue(Item(key))
+            async with running_worker(jobs, concurrency=8) as w, _thawing(mock_clock):
+                await wait_all_tasks_blocked()
+                assert len(gates.started) == 5
+                gates.open("k0")
+                await wait_all_tasks_blocked()
+                assert [len(b) for b in batches] == [1]
+                # Four more acks while the first call is in flight: they wait
+                # for its answer (main sent the first of them alone at once).
+                gates.open_all(keys[1:])
+                await wait_all_tasks_blocked()
+                assert [len(b) for b in batches] == [1]
+                held_up.set()
+                await wait_all_tasks_blocked()
+                assert [len(b) for b in batches] == [1, 4]
+                assert w.stats().done == 5
+
+    async def test_a_held_ack_goes_after_ack_hold_seconds_while_the_call_is_still_in_flight(
+        self, mock_clock: Any
+    ) -> None:
+        from trio.testing import wait_all_tasks_blocked
+
+        from trio_jobs._worker import ACK_HOLD
+
+        gates = Gates()
+        gated = gated_job(gates)
+        async with jobs_on_memory([gated]) as (jobs, driver):
+            sink = driver.acks
+            assert sink is not None
+            first_held = trio.Event()
+            batches: list[int] = []
+            real = sink.ack_many
+
+            async def slow(acks: Any) -> list[bool]:
+                batches.append(len(acks))
+                if len(batches) == 1:
+                    await first_held.wait()
+                return await real(acks)
+
+            sink.ack_many = slow  # type: ignore[method-assign]
+            for key in ("k0", "k1"):
+                await gated.enqueue(Item(key))
+            async with running_worker(jobs, concurrency=8) as w, _thawing(mock_clock):
+                await wait_all_tasks_blocked()
+                gates.open("k0")
+                await wait_all_tasks_blocked()
+                gates.open("k1")
+                await wait_all_tasks_blocked()
+                assert batches == [1]
+                mock_clock.jump(ACK_HOLD * 0.9)
+                await wait_all_tasks_blocked()
+                assert batches == [1]
+                mock_clock.jump(ACK_HOLD * 0.2)
+                await wait_all_tasks_blocked()
+                # The hold is bounded: the second ack went in a call of its
+                # own, the first still unanswered.
+                assert batches == [1, 1]
+                assert w.stats().done == 1
+                first_held.set()
+                await wait_all_tasks_blocked()
+                assert w.stats().done == 2
 
     async def test_a_slot_runs_its_next_job_while_the_last_ones_ack_is_in_flight(
         self, autojump_clock: Any
