@@ -20,7 +20,13 @@ import attrs
 from . import _ambient, _tracing
 from ._time import Duration, UuidSource, parse_duration
 from ._validate import check_priority, check_text, epoch
-from .drivers._protocol import ENQUEUE_CHUNK, MAX_ENQUEUE_BATCH, MIN_ID_PREFIX, EnqueueRequest
+from .drivers._protocol import (
+    ENQUEUE_CHUNK,
+    MAX_ENQUEUE_BATCH,
+    MIN_ID_PREFIX,
+    EnqueueBatch,
+    EnqueueRequest,
+)
 from .errors import ErrorCode, JobsError
 
 if TYPE_CHECKING:
@@ -416,9 +422,15 @@ def stage_requests(
     tenant_id: str | None,
     priority: int,
     actor: Any,
-) -> list[EnqueueRequest]:
+) -> EnqueueBatch:
     """The rows an enqueue of ``inputs`` writes, every refusal raised before any
-    write (``step.invoke``/``step.gather`` write them inside the step's record)."""
+    write (``step.invoke``/``step.gather`` write them inside the step's record).
+
+    Staged as columns (:class:`EnqueueBatch`): a list per field that varies
+    (ids, payloads, keys, and tenants or concurrency keys when a rule applies),
+    every other field once; no :class:`EnqueueRequest` is made unless a driver
+    reads the batch as requests. The refusals, their order, and the ids drawn
+    (from a seeded source too) are those of staging row by row (:func:`stage_one`)."""
     if len(inputs) > MAX_ENQUEUE_BATCH:
         raise JobsError(
             ErrorCode.X_JOB_ENQUEUE_BATCH_TOO_LARGE,
@@ -430,16 +442,11 @@ def stage_requests(
 
     # The enqueuer's span (W3C traceparent), so each attempt's span links to it.
     trace_context = _tracing.inject()
-    name, queue, sensitive = handle.name, handle.queue, handle.sensitive
-    debounce, unique_for = handle.debounce, handle.unique_for
-    max_attempts = handle.max_attempts
     native = _native(handle)
     ids = facade.ids
     # An unseeded uuid4 source makes a batch's ids in one call; any other source
     # (a seeded stream, one passed in) is asked per id, in the order it always was.
     fresh = ids.new_ids(2 * len(inputs)) if isinstance(ids, UuidSource) and not ids.seeded else None
-    requests: list[EnqueueRequest] = []
-    append = requests.append
     key_for = handle.idempotency_key_for
     # Hoisted out of the loop (an enqueue_many stages 1,000 rows): the bound
     # methods, whether any tenant rule can apply, and the actor's JSON form
@@ -448,6 +455,10 @@ def stage_requests(
     tenant_of = handle.tenant_of if handle.tenant != "none" else None
     tenancy = tenant_id is not None or explicit_actor or confined is not None
     actor_json = actor_obj.to_json() if actor_obj is not None else None
+    payloads: list[Any] = []
+    keys: list[str] = []
+    tenants: list[str | None] | None = None
+    ckeys: list[str | None] | None = None
     if (
         fresh is not None
         and native is not None
@@ -457,83 +468,71 @@ def stage_requests(
         and all(map(_is_none, run_ids))
     ):
         # The common batch (enqueue_many of JSON-native inputs: no run ids, no
-        # concurrency key, no tenant rule): the same rows, without asking each
-        # row the questions whose answer is the same for all of them.
-        for raw, job_id, run_id in zip(inputs, fresh[0::2], fresh[1::2], strict=True):
-            if type(raw) is native and (
-                native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
-            ):
-                value = payload = raw
-            else:
+        # concurrency key, no tenant rule): only the payload and the key vary.
+        job_ids, run_col = fresh[0::2], fresh[1::2]
+        if (
+            native is not str
+            and set(map(type, inputs)) == {native}
+            and (native is bool or (_INT_MIN <= min(inputs) and max(inputs) < _INT_LIMIT))
+        ):
+            # Every input is its own payload (C loops): only the keys are asked
+            # per row, in order, so the first refusal is the same row's.
+            payloads = list(inputs)
+            keys.extend(map(key_for, payloads))
+        else:
+            add_payload, add_key = payloads.append, keys.append
+            for raw in inputs:
                 value, payload = _value_payload(handle, raw, native)
-            append(
-                EnqueueRequest(
-                    id=job_id,
-                    run_id=run_id,
-                    name=name,
-                    queue=queue,
-                    payload=payload,
-                    idempotency_key=key_for(value),
-                    max_attempts=max_attempts,
-                    tenant_id=None,
-                    concurrency_key=None,
-                    priority=priority,
-                    run_at=run_at_s,
-                    delay=delay_s,
-                    actor=actor_json,
-                    trace_context=trace_context,
-                    sensitive=sensitive,
-                    debounce=debounce,
-                    unique_for=unique_for,
+                add_payload(payload)
+                add_key(key_for(value))
+    else:
+        job_ids = []
+        run_col = []
+        tenants = [] if tenant_of is not None or tenancy else None
+        ckeys = [] if ckey_for is not None else None
+        for index, raw in enumerate(inputs):
+            rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
+            value, payload = _value_payload(handle, raw, native)
+            key = key_for(value)
+            ckey = ckey_for(value) if ckey_for is not None else None
+            row_tenant = tenant_of(value) if tenant_of is not None else None
+            if tenancy:
+                row_tenant = _row_tenant(
+                    handle, row_tenant, tenant_id, explicit_actor, actor_obj, confined
                 )
-            )
-        return requests
-    for index, raw in enumerate(inputs):
-        rid = _run_id(run_ids[index]) if run_ids[index] is not None else ""
-        if native is not None and type(raw) is native:
-            value = raw
-            payload = (
-                raw
-                if native is bool or (native is int and _INT_MIN <= raw < _INT_LIMIT)
-                else handle._payload(value)
-            )
-        else:
-            value, payload = _value_payload(handle, raw, None)
-        key = key_for(value)
-        ckey = ckey_for(value) if ckey_for is not None else None
-        row_tenant = tenant_of(value) if tenant_of is not None else None
-        if tenancy:
-            row_tenant = _row_tenant(
-                handle, row_tenant, tenant_id, explicit_actor, actor_obj, confined
-            )
-        if fresh is not None:
-            job_id = fresh[2 * index]
-            run_id = rid or fresh[2 * index + 1]
-        else:
-            job_id = ids.new_id()
-            run_id = rid or ids.new_id()
-        append(
-            EnqueueRequest(
-                id=job_id,
-                run_id=run_id,
-                name=name,
-                queue=queue,
-                payload=payload,
-                idempotency_key=key,
-                max_attempts=max_attempts,
-                tenant_id=row_tenant,
-                concurrency_key=ckey,
-                priority=priority,
-                run_at=run_at_s,
-                delay=delay_s,
-                actor=actor_json,
-                trace_context=trace_context,
-                sensitive=sensitive,
-                debounce=debounce,
-                unique_for=unique_for,
-            )
-        )
-    return requests
+            if fresh is not None:
+                job_id = fresh[2 * index]
+                run_id = rid or fresh[2 * index + 1]
+            else:
+                job_id = ids.new_id()
+                run_id = rid or ids.new_id()
+            job_ids.append(job_id)
+            run_col.append(run_id)
+            payloads.append(payload)
+            keys.append(key)
+            if tenants is not None:
+                tenants.append(row_tenant)
+            if ckeys is not None:
+                ckeys.append(ckey)
+    return EnqueueBatch(
+        ids=job_ids,
+        run_ids=run_col,
+        payloads=payloads,
+        idempotency_keys=keys,
+        tenant_ids=tenants,
+        concurrency_keys=ckeys,
+        name=handle.name,
+        queue=handle.queue,
+        max_attempts=handle.max_attempts,
+        priority=priority,
+        run_at=run_at_s,
+        delay=delay_s,
+        actor=actor_json,
+        trace_context=trace_context,
+        sensitive=handle.sensitive,
+        debounce=handle.debounce,
+        unique_for=handle.unique_for,
+    )
 
 
 def _outside(handle: Job[Any, Any], source: str) -> JobsError:

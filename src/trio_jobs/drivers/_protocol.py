@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload, runtime_checkable
 
 import attrs
 
@@ -39,6 +39,7 @@ __all__ = [
     "ChildState",
     "ClaimedJob",
     "CounterRow",
+    "EnqueueBatch",
     "EnqueueRequest",
     "EnqueueResult",
     "EventRecord",
@@ -171,6 +172,175 @@ class EnqueueRequest:
     #: ``job(unique_for=)`` in seconds: with no live row of this key, the newest
     #: row of it that settled less than this long ago answers, deduped.
     unique_for: float | None = None
+
+
+class EnqueueBatch(Sequence[EnqueueRequest]):
+    """The rows of one ``enqueue_many`` call of one job, staged as columns: what
+    varies from row to row (ids, payloads, keys, and tenants or concurrency keys
+    when the job declares them) one list each, every other field once.
+
+    A ``Sequence[EnqueueRequest]``: its length, indexes and iteration answer the
+    same :class:`EnqueueRequest` objects a row-by-row staging makes (built on
+    first use, then kept), and a slice is the batch of those rows, so a driver
+    that reads requests needs nothing else. A driver that knows the type (the
+    PostgreSQL one) reads the columns instead and builds no request at all.
+    """
+
+    __slots__ = (
+        "_requests",
+        "actor",
+        "concurrency_keys",
+        "debounce",
+        "delay",
+        "idempotency_keys",
+        "ids",
+        "max_attempts",
+        "name",
+        "payloads",
+        "priority",
+        "queue",
+        "run_at",
+        "run_ids",
+        "sensitive",
+        "tenant_ids",
+        "trace_context",
+        "unique_for",
+    )
+
+    def __init__(
+        self,
+        *,
+        ids: builtins.list[str],
+        run_ids: builtins.list[str],
+        payloads: builtins.list[Any],
+        idempotency_keys: builtins.list[str],
+        tenant_ids: builtins.list[str | None] | None,
+        concurrency_keys: builtins.list[str | None] | None,
+        name: str,
+        queue: str,
+        max_attempts: int,
+        priority: int,
+        run_at: float | None,
+        delay: float | None,
+        actor: Mapping[str, Any] | None,
+        trace_context: Mapping[str, str] | None,
+        sensitive: bool,
+        debounce: float | None,
+        unique_for: float | None,
+    ) -> None:
+        self.ids = ids
+        self.run_ids = run_ids
+        self.payloads = payloads
+        self.idempotency_keys = idempotency_keys
+        #: ``None``: every row's is ``None`` (likewise ``concurrency_keys``).
+        self.tenant_ids = tenant_ids
+        self.concurrency_keys = concurrency_keys
+        self.name = name
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.priority = priority
+        self.run_at = run_at
+        self.delay = delay
+        self.actor = actor
+        self.trace_context = trace_context
+        self.sensitive = sensitive
+        self.debounce = debounce
+        self.unique_for = unique_for
+        self._requests: builtins.list[EnqueueRequest] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def requests(self) -> builtins.list[EnqueueRequest]:
+        """The rows as :class:`EnqueueRequest` objects (made once, then kept)."""
+        made = self._requests
+        if made is None:
+            n = len(self.ids)
+            tenants = self.tenant_ids if self.tenant_ids is not None else [None] * n
+            ckeys = self.concurrency_keys if self.concurrency_keys is not None else [None] * n
+            made = [
+                EnqueueRequest(
+                    id=job_id,
+                    run_id=run_id,
+                    name=self.name,
+                    queue=self.queue,
+                    payload=payload,
+                    idempotency_key=key,
+                    max_attempts=self.max_attempts,
+                    tenant_id=tenant,
+                    concurrency_key=ckey,
+                    priority=self.priority,
+                    run_at=self.run_at,
+                    delay=self.delay,
+                    actor=self.actor,
+                    trace_context=self.trace_context,
+                    sensitive=self.sensitive,
+                    debounce=self.debounce,
+                    unique_for=self.unique_for,
+                )
+                for job_id, run_id, payload, key, tenant, ckey in zip(
+                    self.ids,
+                    self.run_ids,
+                    self.payloads,
+                    self.idempotency_keys,
+                    tenants,
+                    ckeys,
+                    strict=True,
+                )
+            ]
+            self._requests = made
+        return made
+
+    @overload
+    def __getitem__(self, index: int) -> EnqueueRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> EnqueueBatch: ...
+
+    def __getitem__(self, index: int | slice) -> EnqueueRequest | EnqueueBatch:
+        if not isinstance(index, slice):
+            return self.requests()[index]
+        part = EnqueueBatch(
+            ids=self.ids[index],
+            run_ids=self.run_ids[index],
+            payloads=self.payloads[index],
+            idempotency_keys=self.idempotency_keys[index],
+            tenant_ids=None if self.tenant_ids is None else self.tenant_ids[index],
+            concurrency_keys=None
+            if self.concurrency_keys is None
+            else self.concurrency_keys[index],
+            name=self.name,
+            queue=self.queue,
+            max_attempts=self.max_attempts,
+            priority=self.priority,
+            run_at=self.run_at,
+            delay=self.delay,
+            actor=self.actor,
+            trace_context=self.trace_context,
+            sensitive=self.sensitive,
+            debounce=self.debounce,
+            unique_for=self.unique_for,
+        )
+        if self._requests is not None:
+            part._requests = self._requests[index]
+        return part
+
+    def __iter__(self) -> Iterator[EnqueueRequest]:
+        return iter(self.requests())
+
+    def __eq__(self, other: object) -> bool:
+        # Equal to the same rows as a list (or another batch), as a list of the
+        # requests would be.
+        if isinstance(other, EnqueueBatch):
+            return self.requests() == other.requests()
+        if isinstance(other, builtins.list):
+            return self.requests() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EnqueueBatch({self.requests()!r})"
 
 
 @attrs.frozen

@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from itertools import count as _ordinals
 from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any
@@ -53,6 +54,7 @@ from .._protocol import (
     ClaimOptions,
     ClaimResult,
     CounterRow,
+    EnqueueBatch,
     EnqueueRequest,
     EnqueueResult,
     EventRecord,
@@ -139,6 +141,8 @@ _UNKEYED = {(None, None)}
 _PARENT_WAIT = attrgetter("parent_wait")  # a uuid string, or None
 #: What makes two requests of a batch one job (a live key): name, tenant, key.
 _LIVE_KEY = attrgetter("name", "tenant_id", "idempotency_key")
+_ID = attrgetter("id")
+_RUN_ID = attrgetter("run_id")
 
 
 def _json(value: Any) -> str:
@@ -670,7 +674,8 @@ class PostgresDriver:
         text: _RunText,
     ) -> list[EnqueueResult]:
         out = await self._enqueue_rows(run, requests, after_commit=after_commit, text=text)
-        if any(map(_PARENT_WAIT, requests)):
+        # A batch staged as columns names no parent (a step's children are requests).
+        if not isinstance(requests, EnqueueBatch) and any(map(_PARENT_WAIT, requests)):
             await self._adopt(run, requests, out)
         return out
 
@@ -708,6 +713,9 @@ class PostgresDriver:
                 # The key is held (or the id known): enqueue_many names the holder.
             else:
                 return await self._enqueue_keyed(run, requests, after_commit=after_commit)
+        elif isinstance(requests, EnqueueBatch):
+            if requests.debounce is not None or requests.unique_for is not None:
+                return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         elif set(map(_KEYED, requests)) != _UNKEYED:
             return await self._enqueue_keyed(run, requests, after_commit=after_commit)
         return await self._enqueue_batch(run, requests, after_commit=after_commit)
@@ -723,6 +731,21 @@ class PostgresDriver:
         statement, one per 1,000; the holders of held keys named."""
         out: list[EnqueueResult | None] = [None] * len(requests)
         ready_queues: set[str] = set()
+        # The columns the loops below read: a batch staged as columns has them
+        # (its rows share the job's name, so the tenant and the key make its live
+        # key); any other sequence, one C-level pass each.
+        if isinstance(requests, EnqueueBatch):
+            ids, run_ids = requests.ids, requests.run_ids
+            tenants = requests.tenant_ids
+            live: list[Any] = (
+                requests.idempotency_keys
+                if tenants is None
+                else list(zip(tenants, requests.idempotency_keys, strict=True))
+            )
+        else:
+            ids = list(map(_ID, requests))
+            run_ids = list(map(_RUN_ID, requests))
+            live = list(map(_LIVE_KEY, requests))
         # A batch tries enqueue_fresh first (a plain INSERT, no ON CONFLICT
         # probe per row); after one chunk met a held key, the call's later
         # chunks go straight to enqueue_many. A lone request here is one whose
@@ -733,25 +756,29 @@ class PostgresDriver:
             # which answer its row, deduped.
             end = min(start + ENQUEUE_CHUNK, len(requests))
             followers: list[tuple[int, int]] = []
-            if len(set(map(_LIVE_KEY, requests[start:end]))) == end - start:
+            chunk_live = live[start:end]
+            if len(set(chunk_live)) == end - start:
                 pending = list(range(start, end))  # every key its own (C loops only)
             else:
-                firsts: dict[tuple[str, str | None, str], int] = {}
-                for index in range(start, end):
-                    r = requests[index]
-                    first = firsts.setdefault(_LIVE_KEY(r), index)
+                firsts: dict[Any, int] = {}
+                for index, key in enumerate(chunk_live, start):
+                    first = firsts.setdefault(key, index)
                     if first != index:
                         followers.append((index, first))
                 pending = list(firsts.values())
-            params = self._enqueue_params([requests[i] for i in pending])
+            params = self._enqueue_params(requests, pending)
             if fresh and len(pending) > 1:
                 ((ready, notified),) = await run("enqueue_fresh", params)
                 if ready is not None:  # every input inserted its own id
                     ready_queues.update(ready)
                     self._mark_notified(notified)
-                    for index in pending:
-                        r = requests[index]
-                        out[index] = EnqueueResult(r.id, r.run_id, False)
+                    if followers:
+                        for index in pending:
+                            out[index] = EnqueueResult(ids[index], run_ids[index], False)
+                    else:  # pending is start..end: one C-level pass
+                        out[start:end] = map(
+                            EnqueueResult, ids[start:end], run_ids[start:end], repeat(False)
+                        )
                     pending = []
                 else:
                     fresh = False
@@ -778,16 +805,14 @@ class PostgresDriver:
                 if named:
                     for ordinal, index in enumerate(pending, start=1):
                         if ordinal not in named:
-                            r = requests[index]
-                            out[index] = EnqueueResult(r.id, r.run_id, False)
+                            out[index] = EnqueueResult(ids[index], run_ids[index], False)
                 else:  # every input inserted (a fresh batch)
                     for index in pending:
-                        r = requests[index]
-                        out[index] = EnqueueResult(r.id, r.run_id, False)
+                        out[index] = EnqueueResult(ids[index], run_ids[index], False)
                 if not missing:
                     break
                 pending = missing
-                params = self._enqueue_params([requests[i] for i in pending])
+                params = self._enqueue_params(requests, pending)
             else:
                 raise JobsError(
                     ErrorCode.X_INVARIANT,
@@ -876,7 +901,66 @@ class PostgresDriver:
                 after_commit.append(lambda: self._fire(queues))
         return EnqueueResult(r.id, r.run_id, False)
 
-    def _enqueue_params(self, batch: Sequence[EnqueueRequest]) -> dict[str, Any]:
+    def _enqueue_params(
+        self, requests: Sequence[EnqueueRequest], pending: Sequence[int]
+    ) -> dict[str, Any]:
+        """enqueue_many's (and enqueue_fresh's) parameters for the requests at
+        ``pending`` (ascending indexes)."""
+        if isinstance(requests, EnqueueBatch):
+            return self._batch_params(requests, pending)
+        return self._request_params([requests[i] for i in pending])
+
+    def _batch_params(self, b: EnqueueBatch, pending: Sequence[int]) -> dict[str, Any]:
+        """:meth:`_request_params` of a batch staged as columns, from its columns:
+        the shared fields are one parameter by construction; a tenant or
+        concurrency key column is one when every row has the same."""
+        n = len(pending)
+        if n == len(b):  # the whole batch (a chunk of fresh inputs)
+            ids, run_ids, payloads, keys = b.ids, b.run_ids, b.payloads, b.idempotency_keys
+            tenants, ckeys = b.tenant_ids, b.concurrency_keys
+        else:
+            ids = [b.ids[i] for i in pending]
+            run_ids = [b.run_ids[i] for i in pending]
+            payloads = [b.payloads[i] for i in pending]
+            keys = [b.idempotency_keys[i] for i in pending]
+            tenants = None if b.tenant_ids is None else [b.tenant_ids[i] for i in pending]
+            ckeys = None if b.concurrency_keys is None else [b.concurrency_keys[i] for i in pending]
+        params: dict[str, Any] = {
+            "name": b.name,
+            "queue": b.queue,
+            "tenant_id": None,
+            "concurrency_key": None,
+            "max_attempts": b.max_attempts,
+            "priority": b.priority,
+            "run_at": b.run_at,
+            "delay": b.delay,
+            "sensitive": b.sensitive,
+            "parent_id": None,
+            "parent_wait": None,
+            "actor": _json_or_none(b.actor),
+            "trace_context": _json_or_none(b.trace_context),
+        }
+        rows = [
+            {"ord": i, "id": job_id, "run_id": run_id, "payload": payload, "idempotency_key": key}
+            for i, job_id, run_id, payload, key in zip(
+                _ordinals(1), ids, run_ids, payloads, keys, strict=False
+            )
+        ]
+        for column, values in (("tenant_id", tenants), ("concurrency_key", ckeys)):
+            if values is None:
+                continue
+            first = values[0]
+            if values.count(first) == n:
+                params[column] = first
+            else:
+                for row, value in zip(rows, values, strict=True):
+                    row[column] = value
+        params["rows"] = _json(rows)
+        params["channel"] = self.channel
+        params["notify"] = self._notify_allowed([b.queue])
+        return params
+
+    def _request_params(self, batch: Sequence[EnqueueRequest]) -> dict[str, Any]:
         # A column the whole batch shares is one parameter; the rows carry only
         # the columns that vary (enqueue_many in sql/queue.sql).
         first = batch[0]
