@@ -90,7 +90,7 @@ def main() -> None:
                     max_attempts=3,
                 )
             )
-        return {**builder._enqueue_params(out), "now": None}
+        return {**builder._enqueue_params(out, range(len(out))), "now": None}
 
     conns = {}
     try:

@@ -215,7 +215,7 @@ async def _measure(dsn: str, schema: str, opts: argparse.Namespace, base: int) -
                 )
             lines.append(_line("  staging", opts.many, time.process_time() - cpu0, None))
             cpu0 = time.process_time()
-            params = [driver._enqueue_params(b) for b in batches]
+            params = [driver._enqueue_params(b, range(len(b))) for b in batches]
             lines.append(_line("  parameters", opts.many, time.process_time() - cpu0, None))
             cpu0, wall0 = time.process_time(), time.perf_counter()
             for p in params:
