@@ -308,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Rounds alternate the peer and ours, so a load change hits both; the table
     # is each one's median round, the ratios each round's own.
-    rounds: dict[str, list[dict[str, Any]]] = {
-        k: [] for k in ("cin", "imp", "cout", "exp", "expb")
-    }
+    rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("cin", "imp", "cout", "exp", "expb")}
     for _ in range(opts.rounds):
         rounds["cin"].append(_child(["copy-in", str(path)]))
         rounds["imp"].append(
