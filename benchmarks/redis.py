@@ -1,6 +1,7 @@
 """Redis benchmarks: trio-jobs' Redis driver beside arq, in the same run.
 
     python -m benchmarks redis [--url URL] [--runs 3] [--jobs 10000] [--only PART ...]
+    python -m benchmarks redis --only unkept [--runs 4] [--jobs 10000]
     python -m benchmarks redis --profile [--runs 3] [--jobs 10000]
 
 One invocation, one Redis server (``--url``, else ``$REDIS_URL``, else
@@ -26,7 +27,14 @@ Parts (``--only``):
     server's (Redis: ``INFO cpu`` over the timed window, every client of that
     server counted; PostgreSQL: its backends from ``/proc``): they do not move
     with a noisy neighbour as wall time does. A last line gives the rate those
-    CPU figures allow on this box's cores.
+    CPU figures allow on this box's cores. The Redis driver also runs once a
+    round with ``done_retention=0`` (the ack deletes a done row) at
+    concurrency 1024.
+``unkept`` (only with ``--only unkept``)
+    The Redis driver alone, no peers (arq is not installed): the no-op run at
+    concurrency 1024 with the default retention and with ``done_retention=0``,
+    alternated, the order swapped each round; each run's figures on stderr,
+    then the medians and their ratio.
 ``pickup``
     An idle worker; a second client (its own connection pool, as another
     process has) enqueues one job at a time, 300 ms apart; latency is from just
@@ -84,7 +92,11 @@ ARQ_THROUGHPUT = ((50, 0.01), (200, 0.01))
 ARQ_PICKUP = (0.5, 0.01)
 PICKUP_SAMPLES = 30
 PICKUP_INTERVAL = 0.3
-PARTS = ("throughput", "pickup")
+#: The Redis driver's concurrency for its done_retention=0 row (its best).
+UNKEPT_CONCURRENCY = 1024
+PARTS = ("throughput", "pickup", "unkept")
+#: The parts run without ``--only`` (``unkept`` is ``throughput``'s A/B alone).
+DEFAULT_PARTS = ("throughput", "pickup")
 
 
 # --------------------------------------------------------------------------- trio-jobs
@@ -121,11 +133,12 @@ async def _delete_prefix(url: str, pattern: str) -> None:
 
 
 async def _tj_throughput_once(
-    url: str, n: int, concurrency: int, driver_name: str = "redis"
+    url: str, n: int, concurrency: int, driver_name: str = "redis", unkept: bool = False
 ) -> tuple[float, float, float]:
     """One timed run: jobs/s, the worker's CPU µs per job, and the Redis
     server's (``INFO cpu`` over the timed window: every client of that server
-    counts; 0 for the memory driver, which has no server)."""
+    counts; 0 for the memory driver, which has no server). ``unkept``: the
+    Redis driver with ``done_retention=0`` (the ack deletes a done row)."""
     from trio_jobs import memory_driver
 
     from .memory import _Settles as _MemorySettles
@@ -134,7 +147,11 @@ async def _tj_throughput_once(
     prefix = f"tjbench-{uuid.uuid4().hex[:10]}"
     redis = driver_name == "redis"
     try:
-        driver: Any = redis_driver(url, prefix=prefix) if redis else memory_driver()
+        driver: Any = (
+            redis_driver(url, prefix=prefix, done_retention=0 if unkept else "14d")
+            if redis
+            else memory_driver()
+        )
         async with open_jobs(driver, jobs=[redis_noop]) as jobs:
             for start in range(0, n, 10_000):
                 await redis_noop.enqueue_many(range(start, min(n, start + 10_000)))
@@ -154,7 +171,11 @@ async def _tj_throughput_once(
                 server = (await _server_cpu(url) - server0) if redis else 0.0
                 await worker.drain()
             done = sum(s.done for s in await jobs.stats())
-            if done != n:
+            if unkept:  # no done row is kept: the counters count them
+                rows = await driver.introspect.counters(redis_noop.name, 0.0)
+                if done != 0 or sum(r.done for r in rows) != n:
+                    raise RuntimeError(f"trio-jobs: {done} done rows kept, expected {n} counted")
+            elif done != n:
                 raise RuntimeError(f"trio-jobs: expected {n} done rows, found {done}")
     finally:
         if redis:
@@ -503,9 +524,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
         _profile(args.url, args.runs, args.jobs)
         return 0
-    parts = args.only or list(PARTS)
+    parts = args.only or list(DEFAULT_PARTS)
     arq = Arq()
-    arq.install()
+    peers = "throughput" in parts or "pickup" in parts
+    if peers:
+        arq.install()
 
     import coredis
 
@@ -513,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     info = trio.run(_server_info, args.url)
     print(f"machine: {machine()}")
-    print(f"redis: {info}; coredis {coredis.__version__}; arq {arq.version}")
+    print(f"redis: {info}; coredis {coredis.__version__}; arq {arq.version if peers else '-'}")
     print(f"command: python -m benchmarks redis {' '.join(argv or sys.argv[2:])}".rstrip())
     rows: list[str] = []
     ratios: list[str] = []
@@ -533,6 +556,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"trio-jobs (Redis driver), concurrency {c}",
                     trio.run(_tj_throughput_once, args.url, args.jobs, c),
                 )
+            note(
+                f"trio-jobs (Redis driver), done_retention=0, concurrency {UNKEPT_CONCURRENCY}",
+                trio.run(
+                    _tj_throughput_once, args.url, args.jobs, UNKEPT_CONCURRENCY, "redis", True
+                ),
+            )
             if args.pg_dsn:
                 note(
                     f"trio-jobs (PostgreSQL driver), concurrency {PG_CONCURRENCY}",
@@ -576,7 +605,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"poll_delay {poll} s | **{_median(rates):,.0f}** | "
                 f"{min(rates):,.0f} to {max(rates):,.0f} |"
             )
-        best = max(_median(r) for label, (r, _w, _s) in tj.items() if "Redis" in label)
+        best = max(
+            _median(r)
+            for label, (r, _w, _s) in tj.items()
+            if "Redis" in label and "done_retention=0" not in label
+        )
         ratios.append(
             f"Redis driver's best / arq's best: **{best / max(_median(r) for r in peer.values()):.2f}x** (target 3x or more)"
         )
@@ -588,6 +621,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratios.append(
             "jobs/s the CPU a job allows (medians; the least of 1/worker, 1/server for Redis's "
             "one thread, cores/(worker + server)): " + "; ".join(bounds)
+        )
+    if "unkept" in parts:
+        # done_retention=0 against the default on the Redis driver alone, no
+        # peers: the two alternated, the order swapped each round.
+        ab: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        labels = {
+            False: f"trio-jobs (Redis driver), default retention, concurrency {UNKEPT_CONCURRENCY}",
+            True: f"trio-jobs (Redis driver), done_retention=0, concurrency {UNKEPT_CONCURRENCY}",
+        }
+        for run in range(args.runs):
+            print(f"unkept round {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+            for unkept in (False, True) if run % 2 == 0 else (True, False):
+                got = trio.run(
+                    _tj_throughput_once, args.url, args.jobs, UNKEPT_CONCURRENCY, "redis", unkept
+                )
+                for into, value in zip(
+                    ab.setdefault(labels[unkept], ([], [], [])), got, strict=True
+                ):
+                    into.append(value)
+                print(
+                    f"  {labels[unkept]}: {got[0]:,.0f} jobs/s, worker {got[1]:,.1f} µs,"
+                    f" server {got[2]:,.1f} µs a job",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        for label, (rates, worker, server) in ab.items():
+            rows.append(
+                f"| no-op jobs/s, {args.jobs:,} jobs | {label} | **{_median(rates):,.0f}** | "
+                f"{', '.join(f'{r:,.0f}' for r in rates)}; worker CPU {_median(worker):,.1f} µs"
+                f" a job, server CPU {_median(server):,.1f} |"
+            )
+        kept, unkept_ = (ab[labels[False]], ab[labels[True]])
+        ratios.append(
+            f"done_retention=0 / default: jobs/s **{_median(unkept_[0]) / _median(kept[0]):.2f}x**,"
+            f" server CPU a job {_median(unkept_[2]) / _median(kept[2]):.2f}x"
         )
     if "pickup" in parts:
         tj_lat: list[float] = []

@@ -59,6 +59,24 @@ def keep_done_option(done_retention: Duration | None, driver: str) -> bool:
     )
 
 
+def done_ttl_option(done_retention: Duration, driver: str) -> float:
+    """A TTL driver's ``done_retention`` option (Redis): how long a done row is
+    kept before the store expires it, in seconds, or 0 to keep none (the ack
+    deletes the row). Anything else is refused, saying what to pass."""
+    try:
+        return parse_duration(done_retention, field="done_retention", allow_zero=True)
+    except JobsError as exc:
+        why = exc.message.rpartition(": ")[2]
+        if why == "it must be positive":  # parse_duration's word: 0 is allowed here
+            why = "it is below 0"
+        raise JobsError(
+            ErrorCode.X_CONFIG_INVALID,
+            f"done_retention of the {driver} driver is how long a done row is kept before"
+            f' {driver} expires it (a duration: "14d", "2h", a number of seconds) or 0'
+            f" (keep no done rows: the ack deletes them); got {done_retention!r} ({why})",
+        ) from None
+
+
 async def purge_expired(
     driver: JobDriver,
     now: float | None = None,

@@ -15,6 +15,7 @@ import pytest
 from trio_jobs.drivers.redis import redis_driver
 from trio_jobs.testing._conformance_children import ChildrenConformance
 from trio_jobs.testing._conformance_debounce import DebounceConformance
+from trio_jobs.testing._conformance_unkept import UnkeptDoneConformance
 from trio_jobs.testing.conformance import DriverConformance, ManualClock, Target
 
 from ..refusals import RefusalConformance
@@ -31,11 +32,20 @@ class TestRedisConformance(
     DebounceConformance,
     RefusalConformance,
     TaskStoreConformance,
+    UnkeptDoneConformance,
 ):
     @pytest.fixture
     async def target(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Target]:
         clock = ManualClock()
         driver = redis_driver(redis_url, prefix=redis_prefix, clock=clock)
+        await driver.open()
+        yield Target(driver, clock.advance)
+        await driver.close()
+
+    @pytest.fixture
+    async def unkept_target(self, redis_url: str, redis_prefix: str) -> AsyncIterator[Target]:
+        clock = ManualClock()
+        driver = redis_driver(redis_url, prefix=redis_prefix, clock=clock, done_retention=0)
         await driver.open()
         yield Target(driver, clock.advance)
         await driver.close()

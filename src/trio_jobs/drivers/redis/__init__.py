@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..._retention import done_ttl_option
 from ..._time import Clock, Duration, parse_duration
 from ...errors import ErrorCode, JobsError
 
@@ -58,7 +59,14 @@ def redis_driver(
     ``stream_timeout`` ("the outcome is unknown: the command may have landed").
     A settled row is kept
     ``done_retention`` (done) or ``dead_retention`` (dead, failed, cancelled),
-    then Redis expires it. ``clock`` replaces the server's clock for due times
+    then Redis expires it. ``done_retention=0`` keeps no done rows: the ack
+    deletes a job that settles ``done`` with its step records, leases, live
+    key and index entries, in the same script call (as the PostgreSQL and
+    memory drivers' ``done_retention=0``). The counters still count it;
+    ``show`` answers not found. A child (its parent reads its result) and a
+    ``unique_for=`` job keep their rows, for 14 days; failed, dead and
+    cancelled rows are kept ``dead_retention`` as always. Any value other than
+    a duration or 0 is ``X_CONFIG_INVALID``. ``clock`` replaces the server's clock for due times
     and leases: tests only.
     """
     try:
@@ -75,6 +83,6 @@ def redis_driver(
         connect_timeout=parse_duration(connect_timeout, field="connect_timeout"),
         stream_timeout=parse_duration(stream_timeout, field="stream_timeout"),
         max_connections=max_connections,
-        done_retention=parse_duration(done_retention, field="done_retention"),
+        done_retention=done_ttl_option(done_retention, "Redis"),
         dead_retention=parse_duration(dead_retention, field="dead_retention"),
     )

@@ -331,7 +331,10 @@ class RedisDriver:
         self._connect_timeout = connect_timeout
         self._stream_timeout = stream_timeout
         self._max_connections = max_connections
+        #: 0: no done row is kept (the ack script deletes it; done_retention=0).
         self._done_ttl = float(done_retention)
+        #: False: a job that settles done is deleted by its ack (done_retention=0).
+        self.keep_done = self._done_ttl != 0
         self._dead_ttl = float(dead_retention)
         self._system = SystemClock()
         self._skew = 0.0

@@ -5,7 +5,8 @@
 -- `prelude` is prepended to every other script. Every script takes the same
 -- four leading arguments: ARGV[1] the key prefix, ARGV[2] a test clock's now
 -- ('' in production: the server's own TIME decides), ARGV[3] / ARGV[4] how long
--- a done / a dead, failed or cancelled row is kept (seconds). Its own arguments
+-- a done / a dead, failed or cancelled row is kept (seconds; a done retention
+-- of 0 keeps no done rows: see UNKEPT in the prelude). Its own arguments
 -- start at ARGV[A]. Times are float seconds, kept in hashes as '%.6f' strings
 -- (a Lua number returned to Redis would be truncated to an integer).
 --
@@ -85,6 +86,15 @@ local function need_positive(v, name)
   return nil
 end
 
+-- A retention: 0 (keep no such row) or a positive number of seconds.
+local function need_retention(v, name)
+  local x = finite(v)
+  if x == nil or x < 0 or x > MAX_DURATION then
+    return name .. ' must be 0 or a positive number of seconds, at most 100 years'
+  end
+  return nil
+end
+
 -- An optional argument ('' is none, '=' .. value is one).
 local function need_opt(v, name)
   if v == nil or (v ~= '' and string.sub(v, 1, 1) ~= '=') then
@@ -152,7 +162,7 @@ local P = ARGV[1]
 local fault = first(
   need(P, 'the key prefix'),
   ARGV[2] ~= '' and finite(ARGV[2]) == nil and 'the test clock must be empty or a number' or nil,
-  need_positive(ARGV[3], 'the done retention'),
+  need_retention(ARGV[3], 'the done retention'),
   need_positive(ARGV[4], 'the dead retention'))
 if fault then return refuse('X_INVARIANT', fault) end
 local NOW
@@ -162,7 +172,13 @@ else
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
-local DONE_TTL = tonumber(ARGV[3])
+-- A done retention of 0 keeps no done rows (done_retention=0): the ack deletes
+-- a row that settles done, in the same call. A row something still reads keeps
+-- its row, decided by the row (a child: its parent reads its result; a
+-- unique_for= row: it keeps its key taken), for 14 days (the other drivers'
+-- Retention default): DONE_TTL is then that row's TTL.
+local UNKEPT = tonumber(ARGV[3]) == 0
+local DONE_TTL = UNKEPT and 14 * 86400 or tonumber(ARGV[3])
 local DEAD_TTL = tonumber(ARGV[4])
 local A = 5
 
@@ -1070,6 +1086,13 @@ return {'[' .. table.concat(taken, ',') .. ']', exhausted, next_due and fmt(next
 -- counter moves, all here. The row keeps the claim that settled it ('sc');
 -- `again` = '1' is the retry of an ack whose reply never came (see
 -- settled_by). Answers 1 (landed) or 0 per settle, in order.
+-- With a done retention of 0 (UNKEPT) a row that settles done is deleted
+-- instead, with its steps, its children list, its slots, its live key and its
+-- list indexes, in this call; the counters still count it. A child ('par') and
+-- a unique_for= row ('un') are kept as above. The retry of an ack whose reply
+-- never came then also answers landed when its row is gone: only a settled
+-- row is ever deleted (remove refuses a running row, expiry and the purge
+-- reach settled rows only), so a gone row's job is done.
 -- The settles come as plain arguments from ARGV[A], 7 strings each (no JSON to
 -- decode: a table per settle cost the server more than the arguments do). The
 -- common shape is checked inline; a settle that fails it gets the full checks,
@@ -1099,6 +1122,7 @@ local gone = {}      -- rows out of the running set
 local ended = {}     -- queue -> {score, id, ...} for its done set
 local settled = {}   -- queue -> rows that left running
 local counted = {}   -- job name -> {settles, summed duration or nil, queue}
+local dropped = {}   -- rows deleted (UNKEPT), out of the list indexes below
 -- What every settle of this call shares, formatted once.
 local nowf = fmt(NOW)
 local kept = fmt(NOW + DONE_TTL)
@@ -1111,50 +1135,66 @@ for r = 0, n - 1 do
   local jk = jobkey(id)
   local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par', 'ns')
   if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
-    if ARGV[j + 6] == '1' and settled_by(jk, claim) then out[r + 1] = 1 else out[r + 1] = 0 end
+    if ARGV[j + 6] == '1' and (settled_by(jk, claim)
+        or (UNKEPT and redis.call('EXISTS', jk) == 0)) then
+      out[r + 1] = 1
+    else
+      out[r + 1] = 0
+    end
   else
     local q, name = f[5], f[6]
     gone[#gone + 1] = id
-    -- The attempt log's open entry closes done (log_end, inline). The fence
-    -- held, so the log's last entry is this claim's, open (the claim opened
-    -- it; only a settle, a lapse or a cancel closes one, and each ends the
-    -- claim): its text gains the two fields, nothing decoded. (cjson writes an
-    -- array of objects with no spaces: the text ends '}]'.)
-    local fields = {'st', 'done', 'sc', claim, 'upd', nowf}
-    local al = f[9]
-    if al and string.sub(al, -2) == '}]' then
-      fields[#fields + 1] = 'al'
-      fields[#fields + 1] = string.sub(al, 1, -3) .. closing
-    end
-    if res ~= '' then
-      fields[#fields + 1] = 'rs'
-      fields[#fields + 1] = opt(res)
-      redis.call('HDEL', jk, 'w', 'c')
-    else
-      redis.call('HDEL', jk, 'w', 'c', 'rs')
-    end
-    if pg ~= '' then
-      fields[#fields + 1] = 'pg'
-      fields[#fields + 1] = opt(pg)
-    end
-    redis.call('HSET', jk, unpack(fields))
-    -- free_key, inline (the fields are read above).
-    if f[7] and redis.call('HGET', P .. ':live', f[7]) == id then
-      redis.call('HDEL', P .. ':live', f[7])
-      if f[8] == '1' then
-        redis.call('SET', P .. ':uniq:' .. f[7], id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+    if UNKEPT and not f[11] and f[8] ~= '1' then
+      -- Not kept: the live key is free, the slots released, the row's keys
+      -- deleted now (a later settle of the same id finds no row: refused).
+      if f[7] and redis.call('HGET', P .. ':live', f[7]) == id then
+        redis.call('HDEL', P .. ':live', f[7])
       end
+      if f[10] then release_leases(id) end
+      redis.call('DEL', jk, P .. ':steps:' .. id, P .. ':kids:' .. id)
+      dropped[#dropped + 1] = id
+    else
+      -- The attempt log's open entry closes done (log_end, inline). The fence
+      -- held, so the log's last entry is this claim's, open (the claim opened
+      -- it; only a settle, a lapse or a cancel closes one, and each ends the
+      -- claim): its text gains the two fields, nothing decoded. (cjson writes
+      -- an array of objects with no spaces: the text ends '}]'.)
+      local fields = {'st', 'done', 'sc', claim, 'upd', nowf}
+      local al = f[9]
+      if al and string.sub(al, -2) == '}]' then
+        fields[#fields + 1] = 'al'
+        fields[#fields + 1] = string.sub(al, 1, -3) .. closing
+      end
+      if res ~= '' then
+        fields[#fields + 1] = 'rs'
+        fields[#fields + 1] = opt(res)
+        redis.call('HDEL', jk, 'w', 'c')
+      else
+        redis.call('HDEL', jk, 'w', 'c', 'rs')
+      end
+      if pg ~= '' then
+        fields[#fields + 1] = 'pg'
+        fields[#fields + 1] = opt(pg)
+      end
+      redis.call('HSET', jk, unpack(fields))
+      -- free_key, inline (the fields are read above).
+      if f[7] and redis.call('HGET', P .. ':live', f[7]) == id then
+        redis.call('HDEL', P .. ':live', f[7])
+        if f[8] == '1' then
+          redis.call('SET', P .. ':uniq:' .. f[7], id, 'EX', math.ceil(math.max(DONE_TTL, DEAD_TTL)))
+        end
+      end
+      if f[11] then child_settled(jk, f[11]) end
+      if f[10] then release_leases(id) end
+      -- terminal(), with the sets written once per queue below.
+      local e = ended[q] or {}
+      e[#e + 1] = kept
+      e[#e + 1] = id
+      ended[q] = e
+      redis.call('EXPIRE', jk, ttl)
+      if f[12] ~= '1' then redis.call('EXPIRE', P .. ':steps:' .. id, ttl) end
     end
-    if f[11] then child_settled(jk, f[11]) end
-    if f[10] then release_leases(id) end
-    -- terminal(), with the sets written once per queue below.
-    local e = ended[q] or {}
-    e[#e + 1] = kept
-    e[#e + 1] = id
-    ended[q] = e
     settled[q] = (settled[q] or 0) + 1
-    redis.call('EXPIRE', jk, ttl)
-    if f[12] ~= '1' then redis.call('EXPIRE', P .. ':steps:' .. id, ttl) end
     local c = counted[name] or {0, nil, q}
     c[1] = c[1] + 1
     if dur ~= '' then c[2] = (c[2] or 0) + tonumber(opt(dur)) end
@@ -1166,6 +1206,10 @@ end
 if #gone > 0 then redis.call('ZREM', P .. ':running', unpack(gone)) end
 for q, k in pairs(settled) do count(q, 'running', -k) end
 for q, e in pairs(ended) do redis.call('ZADD', P .. ':term:' .. q .. ':done', unpack(e)) end
+if #dropped > 0 then
+  redis.call('ZREM', P .. ':all', unpack(dropped))
+  redis.call('ZREM', P .. ':ids', unpack(dropped))
+end
 bump_many(counted, 'done')
 return out
 
