@@ -19,7 +19,7 @@ import datetime as _dt
 import io
 import math
 from collections.abc import Callable, Mapping
-from itertools import chain, repeat
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -118,12 +118,33 @@ def _text_cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _csv_cells(flat: list[Any], width: int) -> None:
+def _plain(text: str, count: int) -> bool:
+    """Whether ``text``, a column's ``count`` cells joined with line ends, has no
+    cell the csv module quotes: none holding ``,``, ``"`` or a line end."""
+    return (
+        "," not in text and '"' not in text and "\r" not in text and text.count("\n") == count - 1
+    )
+
+
+def _starts_formula(text: str) -> bool:
+    """Whether a cell may start a formula, ``text`` its column's cells joined with
+    line ends: the text starts with a formula start or a line end is followed by
+    one (exact unless a cell holds a line end, which may answer ``True`` for a
+    column that holds none; guarding it then changes no cell). A formula
+    character found nowhere (one ``memchr``) needs no two-character search."""
+    if text[:1] in FORMULA_STARTS:
+        return True
+    return any(c in text and "\n" + c in text for c in FORMULA_STARTS)
+
+
+def _csv_cells(flat: list[Any], width: int, count: int) -> bool:
     """Turn ``flat`` (a page's values, row after row) into its csv cells in
-    place, a column at a time: a column of numbers is kept as it is, a column
-    of booleans by one lookup a value, a column of text with its formula
-    starts guarded (found by one ``startswith`` a cell, in C); only other
+    place, a column at a time, answering whether no cell needs quoting: a column
+    of numbers is kept as it is, a column of booleans by one lookup a value
+    (neither is ever quoted), a column of text joined once to look for quoting
+    and formula starts (scans in C) and guarded where one starts; only other
     columns go through :func:`_cell` value by value."""
+    plain = True
     for j in range(width):
         col = flat[j::width]
         kinds = set(map(type, col))
@@ -137,36 +158,26 @@ def _csv_cells(flat: list[Any], width: int) -> None:
             changed = type(None) in kinds
             if changed:
                 col = ["" if c is None else c for c in col]
-            if any(map(str.startswith, col, repeat(FORMULA_STARTS))):
+            text = "\n".join(col)
+            plain = plain and _plain(text, count)
+            if _starts_formula(text):
                 col, changed = list(map(_guard, col)), True
             if changed:
                 flat[j::width] = col
         else:
-            flat[j::width] = [_text_cell(_cell(c)) for c in col]
+            col = [_text_cell(_cell(c)) for c in col]
+            plain = plain and _plain("\n".join(col), count)
+            flat[j::width] = col
+    return plain
 
 
-def _joined(flat: list[Any], width: int, count: int, head: str = "") -> str | None:
+def _joined(flat: list[Any], width: int, count: int, head: str = "") -> str:
     """``head`` and the page's lines, its cells joined with ``,`` in one
-    formatting call: what the csv module writes when no cell needs quoting.
-    ``None`` where one does (a cell holding ``,``, ``"``, a line end; a line of
-    one empty cell, which it writes ``""``)."""
-    if width == 1 and "" in flat:
-        return None
+    formatting call: what the csv module writes when no cell needs quoting."""
     # ``head`` goes into the format (a ``%`` in it doubled): the page's text is
     # made once, not made and then copied behind its header.
     line = ",".join(["%s"] * width) + "\n"
-    text = (head.replace("%", "%%") + line * count) % tuple(flat)
-    # A number never holds one of these: the text cells hold none when the
-    # page has exactly a row's separators a row (four scans in C).
-    at = len(head)
-    if (
-        text.count(",", at) != (width - 1) * count
-        or text.count("\n", at) != count
-        or text.find('"', at) >= 0
-        or text.find("\r", at) >= 0
-    ):
-        return None
-    return text
+    return (head.replace("%", "%%") + line * count) % tuple(flat)
 
 
 def _ndjson_default(value: Any) -> Any:
@@ -182,9 +193,10 @@ def render(fmt: str, columns: tuple[str, ...], rows: list[Any], name: str) -> by
         if rows:
             width = len(columns)
             flat = _flat(rows, columns, name)
-            _csv_cells(flat, width)
-            text = _joined(flat, width, len(rows), out.getvalue())
-            if text is not None:
+            plain = _csv_cells(flat, width, len(rows))
+            # A line of one empty cell is written ``""``.
+            if plain and not (width == 1 and "" in flat):
+                text = _joined(flat, width, len(rows), out.getvalue())
                 del flat
                 return text.encode("utf-8")
             writer.writerows(flat[i : i + width] for i in range(0, len(flat), width))

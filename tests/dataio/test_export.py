@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore
 
@@ -224,6 +224,75 @@ def test_a_page_renders_each_cell_as_the_one_cell_rule_does(rows: list[tuple[Any
     writer.writerow(columns)
     writer.writerows([_cell(v) for v in row] for row in rows)
     assert render("csv", columns, rows, "x") == expected.getvalue().encode()
+
+
+class _Text(str):
+    """A str subclass: not a plain text cell (``_cell`` writes its ``str``)."""
+
+    def __str__(self) -> str:
+        return "sub:" + str.__str__(self)
+
+
+class _Number(int):
+    def __str__(self) -> str:
+        return "-n,"  # quoted, and not guarded: a number is never guarded
+
+
+#: Text made of the characters the render looks for: formula starts, the csv
+#: module's quoting characters, a line end then a formula start.
+_SHARP_TEXT = st.text(alphabet=st.sampled_from(list("ab =+-@,\"\n\r'")), max_size=5)
+#: Each a column's values: of one kind (with ``None`` or without: the render's
+#: column-at-a-time paths) or of any kind.
+_COLUMNS = [
+    *[
+        variant
+        for kind in [
+            st.integers(),
+            st.floats(),
+            st.booleans(),
+            _SHARP_TEXT,
+            st.sampled_from(["=1", "a\n=b", "x@y", "-", "", "a,b"]),
+            st.dates() | st.times(),
+            st.builds(_Text, _SHARP_TEXT) | st.builds(_Number, st.integers()),
+        ]
+        for variant in (kind, kind | st.none())
+    ],
+    _VALUES,
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.sampled_from(_COLUMNS), min_size=1, max_size=4).flatmap(
+        lambda kinds: st.lists(st.tuples(*kinds), min_size=1, max_size=8)
+    ),
+    st.sampled_from(["tuple", "list", "mapping", "attrs"]),
+)
+@example([("a\n=b",), ("c",)], "tuple")
+@example([("",), ("c",)], "tuple")
+@example([(1, "=x"), (-2, "@y")], "list")
+def test_render_writes_what_the_csv_module_writes_of_the_guarded_cells(
+    rows: list[tuple[Any, ...]], shape: str
+) -> None:
+    """Columns of one kind (the render's fast paths), with ``None``, text holding
+    formula starts, commas, quotes and line ends, rows as tuples, lists,
+    mappings or attrs instances: the bytes are the csv module's of ``_cell`` of
+    each value, under the csv module's own header line."""
+    width = len(rows[0])
+    columns = tuple(f"c{i}" for i in range(width))
+    expected = io.StringIO()
+    writer = csv.writer(expected, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_cell(v) for v in row] for row in rows)
+    given_rows: list[Any] = list(rows)
+    if shape == "list":
+        given_rows = [list(row) for row in rows]
+    elif shape == "mapping":
+        given_rows = [dict(zip(columns, row, strict=True)) for row in rows]
+    elif shape == "attrs":
+        cls = attrs.make_class("Row", list(columns))
+        given_rows = [cls(*row) for row in rows]
+    assert render("csv", columns, given_rows, "x") == expected.getvalue().encode()
 
 
 _NEVER = object()
