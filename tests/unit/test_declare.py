@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trio_jobs import (
@@ -777,6 +777,28 @@ BOOLS = st.one_of(st.booleans(), st.integers(0, 2), st.none())
 
 
 @settings(max_examples=400, deadline=None)
+@example(
+    queue="default",
+    name="\x00",
+    tenant="none",
+    retry=None,
+    concurrency=None,
+    timeout=None,
+    step_timeout=None,
+    event_poll=None,
+    compensates=False,
+)
+@example(
+    queue="default",
+    name="job\ud800",
+    tenant="none",
+    retry=None,
+    concurrency=None,
+    timeout=None,
+    step_timeout=None,
+    event_poll=None,
+    compensates=False,
+)
 @given(
     queue=QUEUES,
     name=NAMES,
@@ -804,7 +826,15 @@ def test_property_declarations_are_accepted_iff_valid_and_refused_only_with_the_
     expected: dict[str, bool] = {
         "queue": isinstance(queue, str)
         and re.fullmatch(r"[A-Za-z0-9_.:\-]{1,128}", queue) is not None,
-        "name": name is None or (isinstance(name, str) and bool(name.strip()) and len(name) <= 200),
+        "name": name is None
+        or (
+            isinstance(name, str)
+            and bool(name.strip())
+            and len(name) <= 200
+            # storable by every driver: no NUL (PostgreSQL text), no lone surrogate
+            and "\x00" not in name
+            and not any(0xD800 <= ord(c) <= 0xDFFF for c in name)
+        ),
         "tenant": tenant == "none" or callable(tenant),
         "retry": _valid_retry(retry),
         "concurrency": _valid_concurrency(concurrency),
