@@ -163,22 +163,25 @@ class IdSource(Protocol):
 class UuidSource:
     """uuid4 ids, or a seeded deterministic stream for the simulation.
 
-    Unseeded, an id's first 32 bits are a counter that starts at a random value
-    (one per source, so per process) and wraps; its other 90 free bits are
-    random. Ids a process makes close together are close in the primary key's
-    index, so an insert touches the page the previous one touched, not a random
-    leaf of a large index (PostgreSQL server CPU per no-op job down about 14%
-    in benchmarks/README.md); they stay unique by their random part, and their
-    first eight digits (the short id ``trio-jobs list`` prints) are distinct
-    for the next four billion ids of a process.
+    Unseeded, an id's first 32 bits are a 28-bit counter that starts at a
+    random value (one per source, so per process) and wraps, then a check
+    digit of it; the other 90 free bits are random. Ids a process makes close
+    together are close in the primary key's index, so an insert touches the
+    pages the previous ones touched, not a random leaf of a large index
+    (PostgreSQL server CPU per no-op job down about 13% in
+    benchmarks/README.md); they stay unique by their random part. Their first
+    eight digits (the short id an operator types) are distinct for the next
+    268 million ids of a process, and the check digit (:func:`_head`) makes a
+    short id with one digit mistyped, or two neighbours swapped, name no job
+    rather than the job made just before or after.
     """
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed) if seed is not None else None
-        self._count = int.from_bytes(os.urandom(4), "big")
+        self._count = int.from_bytes(os.urandom(4), "big") & _COUNTER_MASK
 
     def _take(self, n: int) -> int:
-        """The counter's next ``n`` values start here (mod 2**32)."""
+        """The counter's next ``n`` values start here (mod 2**28)."""
         start = self._count
         self._count = (start + n) & _COUNTER_MASK
         return start
@@ -187,7 +190,7 @@ class UuidSource:
         if self._rng is None:
             c = self._take(1)
             h = os.urandom(12).hex()
-            return f"{c:08x}-{h[:4]}-4{h[5:8]}-{_VARIANT_DIGIT[h[8]]}{h[9:12]}-{h[12:]}"
+            return f"{_head(c):08x}-{h[:4]}-4{h[5:8]}-{_VARIANT_DIGIT[h[8]]}{h[9:12]}-{h[12:]}"
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
 
     @property
@@ -207,8 +210,8 @@ class UuidSource:
         # from the random digit).
         v = _VARIANT_DIGIT
         return (
-            f"{c:08x}-{h[:4]}-4{h[5:8]}-{v[h[8]]}{h[9:12]}-{h[12:24]}",
-            f"{(c + 1) & _COUNTER_MASK:08x}-{h[24:28]}-4{h[29:32]}-{v[h[32]]}{h[33:36]}-{h[36:]}",
+            f"{_head(c):08x}-{h[:4]}-4{h[5:8]}-{v[h[8]]}{h[9:12]}-{h[12:24]}",
+            f"{_head((c + 1) & _COUNTER_MASK):08x}-{h[24:28]}-4{h[29:32]}-{v[h[32]]}{h[33:36]}-{h[36:]}",
         )
 
     def new_ids(self, n: int) -> list[str]:
@@ -217,19 +220,21 @@ class UuidSource:
         if self._rng is not None:
             return [self.new_id() for _ in range(n)]
         c = self._take(n)
+        if c + n <= _COUNTER_MASK + 1:
+            low, high = _LOW_SUMS, _HIGH_SUMS
+            heads = [(x << 4) | (-(low[x & 0xFFFF] + high[x >> 16]) & 15) for x in range(c, c + n)]
+        else:  # the counter wraps inside this batch
+            heads = [_head(x & _COUNTER_MASK) for x in range(c, c + n)]
         if n < _COLUMNWISE_FROM:
             h = os.urandom(12 * n).hex()
             v = _VARIANT_DIGIT
             return [
-                f"{(c + k) & _COUNTER_MASK:08x}-{h[i : i + 4]}-4{h[i + 5 : i + 8]}-{v[h[i + 8]]}{h[i + 9 : i + 12]}-{h[i + 12 : i + 24]}"
+                f"{heads[k]:08x}-{h[i : i + 4]}-4{h[i + 5 : i + 8]}-{v[h[i + 8]]}{h[i + 9 : i + 12]}-{h[i + 12 : i + 24]}"
                 for k, i in enumerate(range(0, 24 * n, 24))
             ]
         raw = bytearray(os.urandom(16 * n))
-        # The counter in bytes 0-3 of each id, big-endian.
-        if c + n <= _COUNTER_MASK + 1:
-            counters = struct.pack(f">{n}I", *range(c, c + n))
-        else:  # the counter wraps inside this batch
-            counters = struct.pack(f">{n}I", *[(c + k) & _COUNTER_MASK for k in range(n)])
+        # The head (counter and check digit) in bytes 0-3 of each id, big-endian.
+        counters = struct.pack(f">{n}I", *heads)
         for byte in range(4):
             raw[byte::16] = counters[byte::4]
         # uuid4: version 4 in the high nibble of byte 6, variant 10 in byte 8.
@@ -248,7 +253,39 @@ class UuidSource:
         return cells[:-1].decode().split(",")
 
 
-_COUNTER_MASK = 0xFFFFFFFF
+#: The counter of an unseeded id: 28 bits (seven hex digits).
+_COUNTER_MASK = (1 << 28) - 1
+
+
+def _check_sums(digits: int) -> list[int]:
+    """For each value of ``digits`` hex digits, the sum of its digits weighted
+    3, 1, 3, 1, ... from the lowest (mod 16)."""
+    out = []
+    for value in range(16**digits):
+        total = 0
+        for k in range(digits):
+            total += (3 if k % 2 == 0 else 1) * ((value >> (4 * k)) & 15)
+        out.append(total & 15)
+    return out
+
+
+#: The weighted sums of a counter's low four digits and of its high three
+#: (weights 3 and 1 alternating from the lowest digit, so the high part's start
+#: at 3 again: four digits are an even count).
+_LOW_SUMS = _check_sums(4)
+_HIGH_SUMS = _check_sums(3)
+
+
+def _head(counter: int) -> int:
+    """An unseeded id's first 32 bits: the 28-bit ``counter`` and a check digit,
+    ``-(sum of its digits weighted 3, 1, 3, ... from the lowest) mod 16``. Odd
+    weights make every single-digit change move the sum (an odd weight times a
+    change of 1..15 is never a multiple of 16), and the alternating 3 and 1
+    catch a swap of two neighbouring digits unless they differ by 8."""
+    check = -(_LOW_SUMS[counter & 0xFFFF] + _HIGH_SUMS[counter >> 16]) & 15
+    return (counter << 4) | check
+
+
 _VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
 _VARIANT_RFC = bytes((b & 0x3F) | 0x80 for b in range(256))
 #: A random hex digit with the uuid variant's top bits set (10xx): 8, 9, a or b.

@@ -909,9 +909,15 @@ def test_an_unseeded_batch_of_ids_is_canonical_uuid4_either_side_of_the_columnwi
     ids = UuidSource().new_ids(n)
     assert len(ids) == n
     assert len(set(ids)) == n
-    # The first 32 bits count up by one; the rest is random.
-    first = int(ids[0][:8], 16)
-    assert [int(value[:8], 16) for value in ids] == [(first + k) % 2**32 for k in range(n)]
+    # The first 28 bits count up by one, the next 4 are their check digit
+    # (tests/unit/test_enqueue_one.py); the rest is random.
+    first = int(ids[0][:7], 16)
+    assert [int(value[:7], 16) for value in ids] == [(first + k) % 2**28 for k in range(n)]
+    # The check digit: the first eight digits weighted 1, 3, 1, ... from the
+    # eighth back sum to 0 mod 16.
+    for value in ids:
+        weighted = sum((1 if (7 - i) % 2 == 0 else 3) * int(c, 16) for i, c in enumerate(value[:8]))
+        assert weighted % 16 == 0, value
     if n >= 64:
         for position in range(9, 36):
             if position not in (13, 14, 18, 19, 23):

@@ -239,12 +239,13 @@ def test_a_pair_of_fresh_ids_is_two_distinct_canonical_uuid4s_over_all_their_ran
         assert str(parsed) == value
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
-    # The first eight digits count up by one from id to id (a pair is two
-    # steps of the source's counter); every later digit but the version's takes
-    # many values (no position fixed by the layout), the variant digit each of
-    # its four.
-    counters = [int(value[:8], 16) for value in ids]
-    assert [(b - a) % 2**32 for a, b in itertools.pairwise(counters)] == [1] * (len(ids) - 1)
+    # The first seven digits count up by one from id to id (a pair is two
+    # steps of the source's counter), the eighth is their check digit; every
+    # later digit but the version's takes many values (no position fixed by
+    # the layout), the variant digit each of its four.
+    counters = [int(value[:7], 16) for value in ids]
+    assert [(b - a) % 2**28 for a, b in itertools.pairwise(counters)] == [1] * (len(ids) - 1)
+    assert all(map(_checks, ids))
     for position in range(9, 36):
         seen = {value[position] for value in ids}
         if position in (13, 18, 23):
@@ -265,14 +266,51 @@ def test_the_counter_in_a_fresh_id_wraps_from_its_top_to_zero_in_every_kind_of_c
         lambda s: s.new_ids(100)[:4],
     ):
         source = UuidSource()
-        source._count = 2**32 - 2
+        source._count = 2**28 - 2
         ids = make(source)
-        assert [value[:8] for value in ids] == ["fffffffe", "ffffffff", "00000000", "00000001"]
+        assert [value[:7] for value in ids] == ["ffffffe", "fffffff", "0000000", "0000001"]
+        assert all(map(_checks, ids))
         for value in ids:
             parsed = uuid.UUID(value)
             assert str(parsed) == value
             assert parsed.version == 4
             assert parsed.variant == uuid.RFC_4122
+
+
+def _checks(value: str) -> bool:
+    """The check digit's rule, written out: the first eight digits weighted 1,
+    3, 1, 3, ... from the eighth (the check digit) back sum to 0 mod 16."""
+    return (
+        sum((1 if (7 - i) % 2 == 0 else 3) * int(ch, 16) for i, ch in enumerate(value[:8])) % 16
+        == 0
+    )
+
+
+def test_a_short_id_mistyped_by_one_digit_names_no_other_id_of_the_process() -> None:
+    # An operator types the 8-digit short id: a counter alone would make the
+    # id before or after a one-digit typo away (…c4, …c5). The check digit
+    # turns every one-digit typo, and most swaps of two neighbours, into a
+    # short id that no id of this process has.
+    source = UuidSource()
+    ids = source.new_ids(3000) + [i for _ in range(500) for i in source.new_pair()]
+    ids += [source.new_id() for _ in range(500)]
+    shorts = {value[:8] for value in ids}
+    assert len(shorts) == len(ids)
+    swaps = caught = 0
+    for value in ids[::40]:
+        short = value[:8]
+        for i in range(8):
+            for digit in "0123456789abcdef":
+                if digit != short[i]:
+                    typo = short[:i] + digit + short[i + 1 :]
+                    assert typo not in shorts, (short, typo)
+                    assert not _checks(typo)
+        for i in range(7):
+            if short[i] != short[i + 1]:
+                swapped = short[:i] + short[i + 1] + short[i] + short[i + 2 :]
+                swaps += 1
+                caught += swapped not in shorts
+    assert caught >= 0.85 * swaps  # all but neighbours 8 apart (1 in 15)
 
 
 def test_two_fresh_sources_count_from_unrelated_starts() -> None:
