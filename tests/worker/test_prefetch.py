@@ -320,6 +320,45 @@ class TestAcksLeaveTheRoom:
                 await wait_all_tasks_blocked()
                 assert w.stats().done == 2
 
+    async def test_a_drain_sends_a_held_ack_at_once(self, mock_clock: Any) -> None:
+        # The hold never delays a drain: once the slots are done, what the
+        # pipeline holds goes now, not ACK_HOLD later (the clock stands still).
+        from trio.testing import wait_all_tasks_blocked
+
+        gates = Gates()
+        gated = gated_job(gates)
+        async with jobs_on_memory([gated]) as (jobs, driver):
+            sink = driver.acks
+            assert sink is not None
+            first_held = trio.Event()
+            batches: list[int] = []
+            real = sink.ack_many
+
+            async def slow(acks: Any) -> list[bool]:
+                batches.append(len(acks))
+                if len(batches) == 1:
+                    await first_held.wait()
+                return await real(acks)
+
+            sink.ack_many = slow  # type: ignore[method-assign]
+            for key in ("k0", "k1"):
+                await gated.enqueue(Item(key))
+            async with trio.open_nursery() as nursery:
+                async with running_worker(jobs, concurrency=8) as w, _thawing(mock_clock):
+                    await wait_all_tasks_blocked()
+                    gates.open("k0")
+                    await wait_all_tasks_blocked()
+                    gates.open("k1")
+                    await wait_all_tasks_blocked()
+                    assert batches == [1]  # k1's ack is held
+                    nursery.start_soon(w.drain)
+                    await wait_all_tasks_blocked()
+                    assert batches == [1, 1]
+                    first_held.set()
+                    await wait_all_tasks_blocked()
+                    assert w.stats().done == 2
+                    assert w.stats().drained == 0
+
     async def test_a_slot_runs_its_next_job_while_the_last_ones_ack_is_in_flight(
         self, autojump_clock: Any
     ) -> None:

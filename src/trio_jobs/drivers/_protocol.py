@@ -10,6 +10,7 @@ already in their JSON form.
 from __future__ import annotations
 
 import builtins
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload, runtime_checkable
@@ -300,29 +301,17 @@ class EnqueueBatch(Sequence[EnqueueRequest]):
     def __getitem__(self, index: int | slice) -> EnqueueRequest | EnqueueBatch:
         if not isinstance(index, slice):
             return self.requests()[index]
-        part = EnqueueBatch(
-            ids=self.ids[index],
-            run_ids=self.run_ids[index],
-            payloads=self.payloads[index],
-            idempotency_keys=self.idempotency_keys[index],
-            tenant_ids=None if self.tenant_ids is None else self.tenant_ids[index],
-            concurrency_keys=None
-            if self.concurrency_keys is None
-            else self.concurrency_keys[index],
-            name=self.name,
-            queue=self.queue,
-            max_attempts=self.max_attempts,
-            priority=self.priority,
-            run_at=self.run_at,
-            delay=self.delay,
-            actor=self.actor,
-            trace_context=self.trace_context,
-            sensitive=self.sensitive,
-            debounce=self.debounce,
-            unique_for=self.unique_for,
-        )
-        if self._requests is not None:
-            part._requests = self._requests[index]
+        # The shared fields as they are; the columns (and any requests made) cut.
+        part = copy.copy(self)
+        part.ids = self.ids[index]
+        part.run_ids = self.run_ids[index]
+        part.payloads = self.payloads[index]
+        part.idempotency_keys = self.idempotency_keys[index]
+        if self.tenant_ids is not None:
+            part.tenant_ids = self.tenant_ids[index]
+        if self.concurrency_keys is not None:
+            part.concurrency_keys = self.concurrency_keys[index]
+        part._requests = None if self._requests is None else self._requests[index]
         return part
 
     def __iter__(self) -> Iterator[EnqueueRequest]:
