@@ -1342,7 +1342,7 @@ class Worker:
         the worker still sends them (each within its write budget), and it
         returns only once the slots are gone and every ack has its answer."""
         _ambient.role_var.set("ack")
-        held_since: float | None = None
+        hold_until: float | None = None
         with trio.CancelScope(shield=True):
             while True:
                 if not self._acks or self._acks_sending >= ACK_IN_FLIGHT:
@@ -1354,14 +1354,18 @@ class Worker:
                 if self._acks_sending and len(self._acks) < ACK_FILL and not self._acks_closing:
                     # A small batch waits for the call in flight (ACK_FILL).
                     now = trio.current_time()
-                    if held_since is None:
-                        held_since = now
-                    if now - held_since < ACK_HOLD:
+                    if hold_until is None:
+                        hold_until = now + ACK_HOLD
+                    # Against the deadline itself, not ``now - start < ACK_HOLD``:
+                    # the two can disagree in the last bit, and a hold whose
+                    # deadline had passed would then wait on it again and again
+                    # without time moving (a seeded simulation spun so).
+                    if now < hold_until:
                         self._acks_kick = trio.Event()
-                        with trio.move_on_at(held_since + ACK_HOLD):
+                        with trio.move_on_at(hold_until):
                             await self._acks_kick.wait()
                         continue
-                held_since = None
+                hold_until = None
                 if self._ack_gate is not None:
                     await self._ack_gate()
                 batch = self._acks[:ACK_BATCH]

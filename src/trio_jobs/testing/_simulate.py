@@ -125,6 +125,11 @@ class _Violated(Exception):
 # --------------------------------------------------------------------------- the arbiter
 
 
+#: Scheduler passes at one virtual instant after which a run is a livelock (a
+#: seed takes a few thousand passes in all; a whole one at one instant is rare).
+LIVELOCK_PASSES = 1_000_000
+
+
 class _Arbiter(trio.abc.Instrument):
     """Grants driver permits one at a time, each drawn by the seed among the
     calls waiting while every task is blocked; moves the virtual clock when
@@ -156,6 +161,9 @@ class _Arbiter(trio.abc.Instrument):
         self.trace: list[tuple[Any, ...]] = []
         #: Scheduler passes so far, and the task that runs alone in the current one.
         self.passes = 0
+        #: The virtual instant the clock was last seen at, and since which pass.
+        self._still_at = -1.0
+        self._still_since = 0
         self.solo: trio.lowlevel.Task | None = None
         self.solo_pass = -1
         #: Until the simulation stops (or can go nowhere), the arbiter acts.
@@ -277,6 +285,25 @@ class _Arbiter(trio.abc.Instrument):
 
     def before_io_wait(self, timeout: float) -> None:
         self.passes += 1
+        if self.clock.now != self._still_at:
+            self._still_at, self._still_since = self.clock.now, self.passes
+        elif self.passes - self._still_since > LIVELOCK_PASSES:
+            # Tasks checkpoint for ever and virtual time never moves: a bug
+            # (a loop on a deadline that has passed, say) that would otherwise
+            # hang the seed, and the CI gate with it. The run fails; the clock
+            # then moves on (the arbiter still acting), so a loop no cancel
+            # reaches (a shielded one) ends and the run can wind down.
+            stuck = self.clock.now
+            self.clock.jump(1.0)
+            self.broke(
+                JobsError(
+                    ErrorCode.X_INVARIANT,
+                    f"livelock: {LIVELOCK_PASSES:,} scheduler passes at virtual time "
+                    f"{stuck:.6f} without the clock moving (a task loops on "
+                    "checkpoints; replay the seed to see which)",
+                )
+            )
+            return
         deadline = self.clock.asked
         if deadline is None:
             return  # a task is runnable (or a deadline due): not quiescent
@@ -301,14 +328,13 @@ class _Arbiter(trio.abc.Instrument):
             if self.stopped.is_set():
                 self._stop()
                 return
-            now = clock.now
-            to_next = min(deadline - now, poll.at - now)
-            if to_next == math.inf:
+            target = min(deadline, poll.at)
+            if target == math.inf:
                 self._stop()  # nothing can ever move again
                 return
             # (Past max_time too: the quiet poll ends the simulation there, and the
             # clean-up after it may still wait on a deadline, a paused worker's.)
-            clock.jump(to_next)
+            clock.jump_to(target)
             if clock.now < poll.at:
                 return  # a task's deadline: the task runs in this pass
             if poll.due(clock.now):
@@ -834,6 +860,15 @@ class _VirtualClock(trio.abc.Clock):
         if seconds < 0:
             raise ValueError("time can't go backwards")
         self.now += seconds
+
+    def jump_to(self, instant: float) -> None:
+        """Move the clock to ``instant`` exactly. Not ``jump(instant - now)``:
+        ``now + (instant - now)`` may round to just below ``instant``, and a
+        deadline the clock never reaches is asked for again and again (a
+        seed spun for ever on the ack pipeline's hold, ``held_since + 0.5``)."""
+        if instant < self.now:
+            raise ValueError("time can't go backwards")
+        self.now = instant
 
 
 class _QuietPoll:
