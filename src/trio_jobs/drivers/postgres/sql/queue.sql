@@ -481,14 +481,25 @@ input AS (
         duration float8, again boolean)
 ),
 -- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
+-- Each request finds its row by primary key, the requests taken in id order (a
+-- nested loop over the sorted input: its locks are taken in that order). Not a
+-- join: planned generically, a join of the requests to the running rows became
+-- a hash of every running row of the fleet (the lease index answers them all),
+-- per statement, so an ack's cost grew with the fleet's held rows, not its own
+-- (benchmarks/README.md, "The fenced statements by primary key"). The lease
+-- and state checks stay outside the locked read (OFFSET 0 keeps them there: a
+-- state or lease check inside would let the planner read the lease index
+-- instead of the key); a row it locked and they refuse is left as it was.
 locked AS MATERIALIZED (
     SELECT j.id, i.ord, i.result, i.progress, i.duration
-    FROM input i
-    JOIN trio_jobs_jobs j ON j.id = i.id
-    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
-      AND j.lease_expires_at > (SELECT now FROM n)
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j
+    FROM (SELECT * FROM input ORDER BY id) i
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state, j.lease_expires_at FROM trio_jobs_jobs j
+        WHERE j.id = i.id AND j.worker_id = i.worker_id AND j.claim = i.claim
+        OFFSET 0
+        FOR NO KEY UPDATE OF j
+    ) j
+    WHERE j.state = 'running' AND j.lease_expires_at > (SELECT now FROM n)
 ),
 hit AS (
     UPDATE trio_jobs_jobs j SET
@@ -552,15 +563,19 @@ input AS (
         ord int, id uuid, worker_id text, claim int8, result text, progress text,
         duration float8, again boolean)
 ),
+-- (the fenced rows by primary key in id order, as in ack_many)
 locked AS MATERIALIZED (
     SELECT j.id, i.ord, i.result, i.progress, i.duration,
         j.parent_id IS NOT NULL OR coalesce(j.unique_key, false) AS kept
-    FROM input i
-    JOIN trio_jobs_jobs j ON j.id = i.id
-    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
-      AND j.lease_expires_at > (SELECT now FROM n)
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j
+    FROM (SELECT * FROM input ORDER BY id) i
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state, j.lease_expires_at, j.parent_id, j.unique_key
+        FROM trio_jobs_jobs j
+        WHERE j.id = i.id AND j.worker_id = i.worker_id AND j.claim = i.claim
+        OFFSET 0
+        FOR NO KEY UPDATE OF j
+    ) j
+    WHERE j.state = 'running' AND j.lease_expires_at > (SELECT now FROM n)
 ),
 kept AS (
     UPDATE trio_jobs_jobs j SET
@@ -727,14 +742,17 @@ input AS (
         WITH ORDINALITY AS t(id, worker_id, claim, progress, step, step_since, ord)
 ),
 -- The fenced rows, locked in id order (one lock order); the UPDATE touches only these.
+-- Each by primary key, the requests in id order (as in ack_many, and why).
 locked AS MATERIALIZED (
     SELECT j.id, i.progress, i.step, i.step_since, i.ord
-    FROM input i
-    JOIN trio_jobs_jobs j ON j.id = i.id
-    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
-      AND j.lease_expires_at > (SELECT now FROM n)
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j
+    FROM (SELECT * FROM input ORDER BY id) i
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state, j.lease_expires_at FROM trio_jobs_jobs j
+        WHERE j.id = i.id AND j.worker_id = i.worker_id AND j.claim = i.claim
+        OFFSET 0
+        FOR NO KEY UPDATE OF j
+    ) j
+    WHERE j.state = 'running' AND j.lease_expires_at > (SELECT now FROM n)
 ),
 renewed AS (
     UPDATE trio_jobs_jobs j SET
@@ -753,11 +771,14 @@ leases AS (
 )
 SELECT r.ord, 'ok' FROM renewed r
 UNION ALL
--- one index probe per request (its row may be gone: then it is lost)
+-- one index probe per request not renewed (its row may be gone: then it is
+-- lost): a scalar subquery, not EXISTS, which the planner made a hash of every
+-- failed, dead and cancelled row (the retention index answers them all) per
+-- heartbeat
 SELECT i.ord, 'cancelled' FROM input i
-WHERE EXISTS (
-    SELECT 1 FROM trio_jobs_jobs j
-    WHERE j.id = i.id AND j.state = 'cancelled' AND j.worker_id IS NULL);
+WHERE i.ord NOT IN (SELECT r.ord FROM renewed r) AND coalesce((
+    SELECT j.state = 'cancelled' AND j.worker_id IS NULL
+    FROM trio_jobs_jobs j WHERE j.id = i.id), false);
 
 -- name: stats
 SELECT queue, state, count(*) FROM trio_jobs_jobs GROUP BY queue, state ORDER BY queue;

@@ -29,14 +29,17 @@ input AS (
         event text, since float8, deadline float8, started_at float8, ended_at float8)
 ),
 -- The share locks are taken in id order (one lock order: a heartbeat or a
--- settle of the same rows locks them in that order too).
+-- settle of the same rows locks them in that order too): each record's row by
+-- primary key, the records in id order (why not a join: ack_many, queue.sql).
 owned AS MATERIALIZED (
-    SELECT i.* FROM input i
-    JOIN trio_jobs_jobs j ON j.id = i.job_id
-    WHERE j.state = 'running' AND j.worker_id = i.worker_id AND j.claim = i.claim
-      AND j.lease_expires_at > (SELECT now FROM n)
-    ORDER BY j.id
-    FOR SHARE OF j
+    SELECT i.* FROM (SELECT * FROM input ORDER BY job_id) i
+    CROSS JOIN LATERAL (
+        SELECT j.state, j.lease_expires_at FROM trio_jobs_jobs j
+        WHERE j.id = i.job_id AND j.worker_id = i.worker_id AND j.claim = i.claim
+        OFFSET 0
+        FOR SHARE OF j
+    ) j
+    WHERE j.state = 'running' AND j.lease_expires_at > (SELECT now FROM n)
 ),
 put AS (
     INSERT INTO trio_jobs_steps AS s (job_id, name, status, seq, executions, output, error,
