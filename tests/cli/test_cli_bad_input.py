@@ -347,6 +347,16 @@ absent_id = (
 bad_id = not_an_id | absent_id
 
 bad_queue = hostile.filter(lambda s: not QUEUE_RE.fullmatch(s))
+
+
+def _queue_list(text: str) -> bool:
+    """Whether ``--queues text`` is a good list: its comma-separated parts, blank
+    ones dropped, are one or more queue names (``a,b`` is two queues, not a bad
+    queue name)."""
+    parts = [q.strip() for q in text.split(",") if q.strip()]
+    return bool(parts) and all(QUEUE_RE.fullmatch(q) for q in parts)
+
+
 #: A job name is non-blank and at most 200 characters; a step name non-empty.
 bad_name = st.one_of(st.sampled_from(["", " ", "\t"]), nul, surrogate, huge)
 bad_step = st.one_of(st.just(""), nul, surrogate, huge)
@@ -953,7 +963,9 @@ def test_a_bad_worker_argument_is_refused_before_any_io(data: st.DataObject, as_
             )
         elif m == "queues":
             flags["--queues"] = data.draw(
-                st.sampled_from([",", ",,,", " , ", "a b", "emails,bad queue"]) | bad_queue
+                (
+                    st.sampled_from([",", ",,,", " , ", "a b", "emails,bad queue"]) | bad_queue
+                ).filter(lambda s: not _queue_list(s))
             )
         elif m == "mismatch":
             flags["--queues"] = "emails,billing"
