@@ -12,7 +12,8 @@ primary key").
 Here the statistics are stale the way a busy table's are (analysed while
 nothing ran), 3,000 rows run under another worker beside 50,000 settled ones, and each statement's generic
 plan, run by ``EXPLAIN ANALYZE EXECUTE``, may read no more job rows than it was
-asked about: a plan that scans the running rows reads thousands.
+asked about: a plan that scans the running rows reads thousands. The claim is
+held to the same (it reads the waiting rows it takes, and their keys).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _generic_plan(dsn: str, schema: str, name: str, values: dict[str, Any]) -> d
             conn.execute("ROLLBACK")
     assert found is not None
     got = found[0]
-    return (json.loads(got) if isinstance(got, str) else got)[0]["Plan"]
+    plan: dict[str, Any] = (json.loads(got) if isinstance(got, str) else got)[0]["Plan"]
+    return plan
 
 
 async def test_fenced_writes_read_only_the_rows_they_name(
@@ -125,7 +127,17 @@ async def test_fenced_writes_read_only_the_rows_they_name(
         "step_since": [None] * MINE,
         "visibility": 30.0,
     }
+    # more waiting rows than the claim asks for: it reads what it takes
+    await driver.enqueue_many([req(f"next{i}") for i in range(2 * MINE)])
+    claim = {
+        "queues": ["default"],
+        "takes": [MINE],
+        "worker_id": "w2",
+        "visibility": 30.0,
+        "registry_ttl": None,
+    }
     for name, values in (
+        ("claim_ready", claim),
         ("ack_many", {"rows": acks}),
         ("ack_many_unkept", {"rows": acks}),
         ("heartbeat", beats),
