@@ -160,3 +160,18 @@ def sql(dsn: str, schema: str, statement: str, params: object = None) -> list[tu
             conn.execute(f'SET LOCAL search_path TO "{schema}"')
             cur = conn.execute(statement, params)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description else []
+
+
+def fill(dsn: str, schema: str, n: int, *, state: str, name: str, queue: str) -> None:
+    """``n`` plain rows of job ``name`` in ``queue`` at ``state``, straight into the
+    table (no driver): the crowd a plan's test needs beside the rows it acts on.
+    Not analysed: the caller says when the statistics are taken."""
+    sql(
+        dsn,
+        schema,
+        "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, "
+        "max_attempts, priority, state, run_at, created_at, updated_at) "
+        "SELECT gen_random_uuid(), gen_random_uuid(), %(name)s, %(queue)s, '1', "
+        "%(name)s || g, 3, 0, %(state)s, 0, 0, 0 FROM generate_series(1, %(n)s) g",
+        {"n": n, "state": state, "name": name, "queue": queue},
+    )

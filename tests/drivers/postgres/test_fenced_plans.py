@@ -29,7 +29,7 @@ from trio_jobs.drivers import AckOptions, ClaimOptions, Fence, HeartbeatRequest
 from trio_jobs.drivers.postgres import PostgresDriver
 from trio_jobs.drivers.postgres._sql import positional
 
-from .conftest import req, sql
+from .conftest import fill, req, sql
 
 pytestmark = [pytest.mark.postgres, pytest.mark.server_side]
 
@@ -72,19 +72,14 @@ def _generic_plan(dsn: str, schema: str, name: str, values: dict[str, Any]) -> d
 async def test_fenced_writes_read_only_the_rows_they_name(
     driver: PostgresDriver, pg_dsn: str, pg_schema: str
 ) -> None:
+    fill(pg_dsn, pg_schema, OTHERS, state="ready", name="busy", queue="elsewhere")
+    fill(pg_dsn, pg_schema, HISTORY, state="done", name="old", queue="history")
+    # analysed while nothing runs, then the crowd starts running: stale statistics
     sql(
         pg_dsn,
         pg_schema,
-        "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, "
-        "max_attempts, priority, state, run_at, created_at, updated_at) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'busy', 'elsewhere', '1', 'k' || g, 3, 0, "
-        f"'ready', 0, 0, 0 FROM generate_series(1, {OTHERS}) g; "
-        "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, "
-        "max_attempts, priority, state, run_at, created_at, updated_at) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'old', 'history', '1', 'k' || g, 3, 0, "
-        f"'done', 0, 0, 0 FROM generate_series(1, {HISTORY}) g; ANALYZE trio_jobs_jobs; "
-        "UPDATE trio_jobs_jobs SET state = 'running', worker_id = 'other', claim = 1, "
-        "lease_expires_at = 4e9 WHERE queue = 'elsewhere'",
+        "ANALYZE trio_jobs_jobs; UPDATE trio_jobs_jobs SET state = 'running', "
+        "worker_id = 'other', claim = 1, lease_expires_at = 4e9 WHERE queue = 'elsewhere'",
     )
     await driver.enqueue_many([req(f"mine{i}") for i in range(MINE)])
     held = (await driver.claim(ClaimOptions("w1", {"default": MINE}, 30.0))).jobs

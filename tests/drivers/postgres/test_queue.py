@@ -22,7 +22,7 @@ from trio_jobs.drivers import (
 from trio_jobs.drivers.postgres import PostgresDriver, postgres_driver
 from trio_jobs.errors import ErrorCode, JobsError
 
-from .conftest import FakeClock, req, sql
+from .conftest import FakeClock, fill, req, sql
 
 pytestmark = pytest.mark.postgres
 
@@ -483,14 +483,8 @@ async def test_a_renewal_does_not_scan_the_finished_rows(
     # join filter). Neither that nor a scan of the table's finished rows.
     from trio_jobs.drivers.postgres._sql import query
 
-    sql(
-        pg_dsn,
-        pg_schema,
-        "INSERT INTO trio_jobs_jobs (id, run_id, name, queue, payload, idempotency_key, "
-        "max_attempts, priority, state, run_at, created_at, updated_at) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'old', 'default', '1', 'k' || g, 3, 0, "
-        "'done', 0, 0, 0 FROM generate_series(1, 100000) g; ANALYZE trio_jobs_jobs",
-    )
+    fill(pg_dsn, pg_schema, 100_000, state="done", name="old", queue="default")
+    sql(pg_dsn, pg_schema, "ANALYZE trio_jobs_jobs")
     await driver.enqueue_many([req(f"h{i}") for i in range(300)])
     held = (await driver.claim(ClaimOptions("w1", {"default": 300}, 30.0))).jobs
     assert len(held) == 300
