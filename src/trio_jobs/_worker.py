@@ -47,6 +47,7 @@ from ._context import (
 )
 from ._declare import Job
 from ._facade import Actor, Jobs
+from ._gc_pause import YOUNG_THRESHOLD, check_young_threshold, raised_young_threshold
 from ._observe import WorkerObserver
 from ._retry import burial, decide
 from ._room import share_room
@@ -189,7 +190,11 @@ class Worker:
     ``rate_per_tenant=(limit, per)`` caps the bodies of one tenant this process
     starts in any ``per`` (a run over it is deferred uncounted before its body
     starts); ``fleet="single"`` says this worker is the whole fleet, so a shared
-    ``rate_limiter`` may live in the memory driver.
+    ``rate_limiter`` may live in the memory driver. ``gc_young_threshold``
+    (10,000 by default) is the garbage collector's youngest-generation threshold
+    while the worker runs: raised to it if the process's is lower (CPython's is
+    700), put back when the last running worker ends; ``None`` leaves the
+    collector alone (docs/explanation/design-choices.md).
 
     >>> async with trio.open_nursery() as nursery:
     ...     await nursery.start(worker.run)   # returns once the worker is claiming
@@ -216,6 +221,7 @@ class Worker:
         fleet: _rate.Fleet = "many",
         rate_per_tenant: tuple[int, Duration] | None = None,
         prefetch: int | Mapping[str, int] | None = None,
+        gc_young_threshold: int | None = YOUNG_THRESHOLD,
     ) -> None:
         if not isinstance(jobs, Jobs):
             raise JobsError(
@@ -253,6 +259,9 @@ class Worker:
                 code, "max_in_flight must be a whole number, 1 or more (or None for no cap)"
             )
         self.max_in_flight = max_in_flight
+        #: The collector's youngest-generation threshold while this worker runs
+        #: (raised to it if lower; None: untouched; see _gc_pause).
+        self.gc_young_threshold = check_young_threshold(gc_young_threshold)
         #: Claimed ahead of need, per queue: how many jobs beyond its slots a
         #: queue may hold claimed and not yet started, as given; a queue not
         #: given one (``prefetch=None``, or missing from the mapping) claims
@@ -502,6 +511,8 @@ class Worker:
         self._started_at = self.driver.now()
         self._observer.worker_started(self.id, self.stats().capacity)
         fleet = _ambient.fleet_var.set(self.fleet)  # the slots inherit it
+        gc_raised = raised_young_threshold(self.gc_young_threshold)
+        gc_raised.__enter__()
         try:
             async with trio.open_nursery() as services:
                 # (open until the slots and the acks are done: a drain's
@@ -537,6 +548,7 @@ class Worker:
                             self._acks_kick.set()
                 services.cancel_scope.cancel()
         finally:
+            gc_raised.__exit__(None, None, None)
             self._services = None
             _ambient.fleet_var.reset(fleet)
             self._finished.set()
