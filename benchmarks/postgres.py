@@ -1506,6 +1506,7 @@ def _print_profile(profiler: cProfile.Profile, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global NOOP_JOBS
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks postgres", description=__doc__.split("\n\n")[0]
     )
@@ -1522,10 +1523,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="profile one trio-jobs no-op run and one 3-step run under cProfile, then exit",
     )
+    parser.add_argument(
+        "--noop-jobs",
+        type=int,
+        default=NOOP_JOBS,
+        help=f"jobs a no-op run, every system alike (default {NOOP_JOBS:,}: about a second "
+        "a run here; more makes each run longer and its spread narrower)",
+    )
     parser.add_argument("--json", type=Path, default=WORK / "postgres-results.json")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs takes a whole number, 1 or more")
+    if args.noop_jobs < 1:
+        parser.error("--noop-jobs takes a whole number, 1 or more")
+    NOOP_JOBS = args.noop_jobs
     server = Server(args.dsn)
     systems = {x.strip() for x in args.systems.split(",") if x.strip()}
     bench = Bench(server, args.runs, systems)
