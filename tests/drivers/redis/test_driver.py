@@ -5,6 +5,7 @@ it declares. Real server (``REDIS_URL``), one key prefix per test."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -19,7 +20,14 @@ import pytest
 import trio
 
 from trio_jobs import Concurrency, JobContext, Worker, job, open_jobs, redis_driver
-from trio_jobs.drivers import AckOptions, ClaimOptions, EnqueueRequest
+from trio_jobs.drivers import (
+    AckOptions,
+    ClaimOptions,
+    EnqueueRequest,
+    HeartbeatRequest,
+    NackOptions,
+)
+from trio_jobs.drivers._protocol import StepMark
 from trio_jobs.drivers.redis import SCHEMA_VERSION, RedisDriver
 from trio_jobs.errors import JobsError
 
@@ -558,3 +566,68 @@ async def test_a_row_without_step_records_skips_them_and_one_with_them_keeps_the
         assert await client.exists([f"{prefix}:steps:{plain.id}"]) == 0
         assert 0 < await client.ttl(f"{prefix}:steps:{stepped.id}")
         assert 0 < await client.ttl(f"{prefix}:job:{plain.id}")
+
+
+# --------------------------------------------------------------------------- the attempt log's fields
+
+
+_COMPACT = ("listpack", "ziplist")  # Redis 7 / Redis 6 names of the small-hash encoding
+
+
+async def test_a_small_row_keeps_its_compact_encoding_through_its_claim_and_ack(
+    driver: RedisDriver, redis_url: str
+) -> None:
+    """The open attempt and its done close live in short fields of their own: a
+    row of small values stays a listpack (a JSON log over 64 bytes would turn it
+    into a hashtable, about 4x the memory of a kept done row)."""
+    await driver.enqueue_many([req("a")])
+    [job] = (await driver.claim(_claim({"default": 1}))).jobs
+    key = f"{driver.prefix}:job:{job.id}"
+    async with raw(redis_url) as r:
+        assert await r.object_encoding(key) in _COMPACT
+        assert await driver.ack(job.id, AckOptions(fence=job.fence))
+        assert await r.object_encoding(key) in _COMPACT
+        assert await r.hget(key, "al") is None
+    [entry] = await driver.attempt_log(job.id)
+    assert (entry.attempt, entry.worker_id, entry.outcome) == (1, "w", "done")
+    assert entry.ended_at is not None
+    assert entry.started_at <= entry.ended_at
+
+
+async def test_an_entry_older_scripts_left_open_in_the_log_is_closed_there(
+    driver: RedisDriver, redis_url: str
+) -> None:
+    """A row claimed before the entry's fields existed holds its open entry in
+    'al': the heartbeat's step, the ack and the nack still close it there, and
+    the row's next claim opens its entry in the fields, after the old ones."""
+    await driver.enqueue_many([req("a"), req("b")])
+    a, b = (await driver.claim(_claim({"default": 2}))).jobs
+    async with raw(redis_url) as r:
+        for j in (a, b):  # rewrite each claimed row as the older scripts wrote it
+            key = f"{driver.prefix}:job:{j.id}"
+            started, worker, attempt = await r.hmget(key, ["oa", "ow", "on"])
+            assert started is not None
+            assert (worker, attempt) == ("w", "1")
+            await r.hdel(key, ["oa", "ow", "on"])
+            old = [{"attempt": 1, "worker_id": worker, "started_at": started}]
+            await r.hset(key, {"al": json.dumps(old, separators=(",", ":"))})
+    mark = StepMark("charge", driver.now())
+    assert await driver.heartbeat([HeartbeatRequest(a.id, a.fence, step=mark)], 30.0) == ["ok"]
+    [entry] = await driver.attempt_log(a.id)
+    assert (entry.step, entry.outcome) == ("charge", None)
+    assert await driver.ack(a.id, AckOptions(fence=a.fence))
+    [entry] = await driver.attempt_log(a.id)
+    assert (entry.attempt, entry.outcome, entry.step) == (1, "done", "charge")
+    assert entry.ended_at is not None
+    assert await driver.nack(
+        b.id,
+        NackOptions(
+            fence=b.fence, state="ready", counted=True, error_code="X_BOOM", last_error="X_BOOM: no"
+        ),
+    )
+    [entry] = await driver.attempt_log(b.id)
+    assert (entry.outcome, entry.error_code) == ("retried", "X_BOOM")
+    [again] = (await driver.claim(_claim({"default": 1}))).jobs
+    assert again.id == b.id
+    log = await driver.attempt_log(b.id)
+    assert [(e.attempt, e.outcome) for e in log] == [(1, "retried"), (2, None)]

@@ -246,13 +246,35 @@ def _claimed(r: list[Any], fence: Fence) -> ClaimedJob:
     )
 
 
-def _attempts_from(raw: Any) -> list[AttemptRecord]:
-    """The row's ``al`` field (a JSON array; times as strings) → records."""
-    if not raw:
-        return []
-    data = loads(_s(raw))
-    if not isinstance(data, list):  # cjson writes an empty table as {}
-        return []
+#: The fields of a row's attempt log: ``al`` (a JSON array of the older
+#: entries), then the newest entry in fields of its own while it is open or
+#: closed done (queue.lua, ``log_push``).
+ATTEMPT_FIELDS = ("al", "oa", "ow", "on", "os", "ost", "oe")
+
+
+def _attempts_from(row: Mapping[str, Any]) -> list[AttemptRecord]:
+    """A row's attempt log fields (:data:`ATTEMPT_FIELDS`; times as strings) →
+    records, oldest first."""
+    raw = row.get("al")
+    data: list[Any] = []
+    if raw:
+        found = loads(_s(raw))
+        if isinstance(found, list):  # cjson writes an empty table as {}
+            data = found
+    started = row.get("oa")
+    if started is not None:
+        entry: dict[str, Any] = {
+            "attempt": _s(row["on"]),
+            "worker_id": _s(row["ow"]),
+            "started_at": _s(started),
+        }
+        if row.get("os") is not None:
+            entry["step"] = _s(row["os"])
+            entry["step_started_at"] = _s(row["ost"])
+        if row.get("oe") is not None:
+            entry["ended_at"] = _s(row["oe"])
+            entry["outcome"] = "done"
+        data = [*data, entry]
     return attempt_records(data)
 
 
@@ -836,8 +858,10 @@ class RedisDriver:
         return [_s(x) for x in reply]
 
     async def attempt_log(self, job_id: str) -> list[AttemptRecord]:
-        raw = await self._call(self.client.hget(f"{self.prefix}:job:{job_id}", "al"), "HGET")
-        return _attempts_from(raw)
+        got = await self._call(
+            self.client.hmget(f"{self.prefix}:job:{job_id}", ATTEMPT_FIELDS), "HMGET"
+        )
+        return _attempts_from(dict(zip(ATTEMPT_FIELDS, got, strict=True)))
 
     async def stats(self) -> list[QueueStats]:
         reply = await self._script("stats", [])

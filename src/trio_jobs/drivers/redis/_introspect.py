@@ -106,7 +106,7 @@ def _view(reply: Sequence[Any], *, full: bool) -> JobView:
         updated_at=_float(h.get("upd")),
         worker_id=h.get("w") if h.get("st") == "running" else None,
         sensitive=None if sens is None else sens == "1",
-        attempt_log=tuple(_attempts_from(h.get("al"))) if full else (),
+        attempt_log=tuple(_attempts_from(h)) if full else (),
         parent_id=h.get("par"),
         children=tuple(_s(c) for c in reply[2]) if full else (),
     )

@@ -378,9 +378,20 @@ local function terminal(jk, id, q, old, st)
 end
 
 -- The attempt log: the row's field 'al', a JSON array of its newest MAX_LOG
--- claims, oldest first (times as '%.6f' strings: cjson would round numbers).
+-- claims, oldest first (times as '%.6f' strings: cjson would round numbers),
+-- then the newest entry in short fields of its own while it is open, and
+-- after the ack closed it done: 'oa' started_at, 'ow' worker_id, 'on' the
+-- attempt, 'os' / 'ost' the step it is in and since when, 'oe' its end (set
+-- by the ack; the outcome is then done). Kept out of 'al' because a JSON
+-- value over 64 bytes turns a small row's hash from Redis's compact listpack
+-- into a hashtable (about 4x the memory of a done row, and a conversion on
+-- every claim). Every other ending pushes the entry onto 'al' (log_push) and
+-- clears the fields; so does a claim or a requeue that finds one. A row
+-- written before these fields holds its open entry in 'al': the old way below
+-- still closes it there.
 local MAX_LOG = 20
 local LAPSED = 'the lease lapsed: the worker holding it died or stopped renewing it'
+local ENTRY_FIELDS = {'oa', 'ow', 'on', 'os', 'ost', 'oe'}
 
 local function log_read(jk)
   local raw = redis.call('HGET', jk, 'al')
@@ -388,16 +399,40 @@ local function log_read(jk)
   return cjson.decode(raw)
 end
 
--- Open an entry for a new claim, dropping the oldest past MAX_LOG.
-local function log_begin(jk, attempt, worker)
-  local log = log_read(jk)
+-- Push the entry kept in fields onto 'al' (closed with `outcome`, `code` and
+-- `message` if it is still open and an outcome is given). False when the row
+-- has none.
+local function log_push(jk, outcome, code, message)
+  local f = redis.call('HMGET', jk, 'oa', 'ow', 'on', 'os', 'ost', 'oe', 'al')
+  if not f[1] then return false end
+  local e = {attempt = tonumber(f[3]), worker_id = f[2], started_at = f[1]}
+  if f[4] then
+    e.step = f[4]
+    e.step_started_at = f[5]
+  end
+  if f[6] then
+    e.ended_at = f[6]
+    e.outcome = 'done'
+  elseif outcome then
+    e.ended_at = fmt(NOW)
+    e.outcome = outcome
+    if code ~= '' then e.error_code = code end
+    if message ~= '' then e.error = message end
+  end
+  local log = f[7] and cjson.decode(f[7]) or {}
   while #log >= MAX_LOG do table.remove(log, 1) end
-  log[#log + 1] = {attempt = attempt, worker_id = worker, started_at = fmt(NOW)}
+  log[#log + 1] = e
   redis.call('HSET', jk, 'al', cjson.encode(log))
+  redis.call('HDEL', jk, unpack(ENTRY_FIELDS))
+  return true
 end
 
 -- Close the open entry (none open: nothing to close). '' is no code / message.
 local function log_end(jk, outcome, code, message)
+  if redis.call('HEXISTS', jk, 'oa') == 1 then
+    if redis.call('HEXISTS', jk, 'oe') == 0 then log_push(jk, outcome, code, message) end
+    return
+  end
   local log = log_read(jk)
   local last = log[#log]
   if not last or last.ended_at then return end
@@ -410,6 +445,16 @@ end
 
 -- The step the open entry's run is in ('' : between steps).
 local function log_step(jk, step, since)
+  local f = redis.call('HMGET', jk, 'oa', 'oe')
+  if f[1] then
+    if f[2] then return end
+    if step == '' then
+      redis.call('HDEL', jk, 'os', 'ost')
+    else
+      redis.call('HSET', jk, 'os', step, 'ost', since)
+    end
+    return
+  end
   local log = log_read(jk)
   local last = log[#log]
   if not last or last.ended_at then return end
@@ -575,8 +620,8 @@ end
 -- `debounce` after now.
 local function debounce_row(held, i)
   local jk = jobkey(held)
-  local f = redis.call('HMGET', jk, 'st', 'q', 'al', 'bk', 'rm')
-  if (f[1] ~= 'ready' and f[1] ~= 'delayed') or f[3] or f[4] then return end
+  local f = redis.call('HMGET', jk, 'st', 'q', 'al', 'bk', 'rm', 'oa')
+  if (f[1] ~= 'ready' and f[1] ~= 'delayed') or f[3] or f[4] or f[6] then return end
   local q = f[2]
   local ck = ARGV[i + 7]
   redis.call('HSET', jk, 'pl', ARGV[i + 4], 'run', fmt(NOW + tonumber(opt(ARGV[i + 17]))),
@@ -691,6 +736,7 @@ local function requeue_row(id)
   redis.call('ZREM', P .. ':term:' .. q .. ':' .. st, id)
   redis.call('PERSIST', jk)
   redis.call('PERSIST', P .. ':steps:' .. id)
+  log_push(jk)
   redis.call('HDEL', jk, 'ec', 'em', 'rs', 'we', 'bk', 'w', 'c')
   redis.call('HSET', jk, 'att', 0, 'run', fmt(NOW), 'upd', fmt(NOW))
   redis.call('HSET', P .. ':live', f[3], id)
@@ -994,33 +1040,25 @@ while i <= #ARGV do
       for k, m in ipairs(got) do
         local id = string.sub(m, 28)
         local jk = jobkey(id)
-        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp', 'al',
+        local f = redis.call('HMGET', jk, 'st', 'rm', 'att', 'we', 'pr', 'lp', 'oa',
           'rid', 'name', 'pl', 'tn', 'key', 'ck', 'max', 'cr', 'run', 'ac', 'tc', 'bk', 'wc', 'ns')
         if WAITING[f[1]] and f[2] == m then
           want = want - 1
           local att = tonumber(f[3]) + 1
           local claim = string.format('%d', last_claim - #got + k)
           moved[f[1]] = (moved[f[1]] or 0) + 1
-          -- The attempt log gains this claim's open entry (log_begin, inline;
-          -- a row's first claim writes the text without decoding anything).
-          local al
-          if f[7] then
-            local log = cjson.decode(f[7])
-            while #log >= MAX_LOG do table.remove(log, 1) end
-            log[#log + 1] = {attempt = att, worker_id = worker, started_at = nowf}
-            al = cjson.encode(log)
-          else
-            al = '[{"attempt":' .. att .. ',"worker_id":' .. jworker .. ',"started_at":"' ..
-              nowf .. '"}]'
-          end
+          -- The attempt log gains this claim's open entry, in its fields (see
+          -- log_push: an entry still in them, which no waiting row should
+          -- hold, goes onto 'al' first).
+          if f[7] then log_push(jk) end
           -- 'pr' and 'lp' (promoted, lapsed) are written only when set: a
           -- row's first claim finds both '0'.
           if f[5] ~= '0' or f[6] ~= '0' then
             redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
-              'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'al', al)
+              'le', lef, 'upd', nowf, 'pr', 0, 'lp', 0, 'oa', nowf, 'ow', worker, 'on', att)
           else
             redis.call('HSET', jk, 'st', 'running', 'att', att, 'w', worker, 'c', claim,
-              'le', lef, 'upd', nowf, 'al', al)
+              'le', lef, 'upd', nowf, 'oa', nowf, 'ow', worker, 'on', att)
           end
           -- 'rm' stays, stale: only to_ready sets it, with the entry it adds
           -- (unindex and debounce_row remove an entry that is gone: nothing).
@@ -1127,13 +1165,12 @@ local dropped = {}   -- rows deleted (UNKEPT), out of the list indexes below
 local nowf = fmt(NOW)
 local kept = fmt(NOW + DONE_TTL)
 local ttl = math.ceil(DONE_TTL)
-local closing = ',"ended_at":"' .. nowf .. '","outcome":"done"}]'
 for r = 0, n - 1 do
   local j = A + 7 * r
   local id, worker, claim = ARGV[j], ARGV[j + 1], ARGV[j + 2]
   local res, pg, dur = ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
   local jk = jobkey(id)
-  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'al', 'hl', 'par', 'ns')
+  local f = redis.call('HMGET', jk, 'st', 'w', 'c', 'le', 'q', 'name', 'lf', 'un', 'oa', 'hl', 'par', 'ns')
   if not (f[1] == 'running' and f[2] == worker and f[3] == claim and tonumber(f[4]) > NOW) then
     if ARGV[j + 6] == '1' and (settled_by(jk, claim)
         or (UNKEPT and redis.call('EXISTS', jk) == 0)) then
@@ -1154,16 +1191,16 @@ for r = 0, n - 1 do
       redis.call('DEL', jk, P .. ':steps:' .. id, P .. ':kids:' .. id)
       dropped[#dropped + 1] = id
     else
-      -- The attempt log's open entry closes done (log_end, inline). The fence
-      -- held, so the log's last entry is this claim's, open (the claim opened
-      -- it; only a settle, a lapse or a cancel closes one, and each ends the
-      -- claim): its text gains the two fields, nothing decoded. (cjson writes
-      -- an array of objects with no spaces: the text ends '}]'.)
+      -- The attempt log's open entry closes done: the fence held, so the
+      -- entry is this claim's, open in its fields ('oe' closes it; see
+      -- log_push). A row claimed before those fields holds it in 'al' instead:
+      -- closed there (log_end), as before.
       local fields = {'st', 'done', 'sc', claim, 'upd', nowf}
-      local al = f[9]
-      if al and string.sub(al, -2) == '}]' then
-        fields[#fields + 1] = 'al'
-        fields[#fields + 1] = string.sub(al, 1, -3) .. closing
+      if f[9] then
+        fields[#fields + 1] = 'oe'
+        fields[#fields + 1] = nowf
+      else
+        log_end(jk, 'done', '', '')
       end
       if res ~= '' then
         fields[#fields + 1] = 'rs'
