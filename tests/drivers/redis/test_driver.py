@@ -382,7 +382,7 @@ async def test_a_version_1_key_space_is_upgraded_in_place(
     redis_url: str, redis_prefix: str
 ) -> None:
     """Rows written under key-schema version 1 had no operator indexes: opening
-    a version-2 driver indexes them, so list and id prefixes find them."""
+    a driver of a later version indexes them, so list and id prefixes find them."""
     d = redis_driver(redis_url, prefix=redis_prefix)
     await d.open()
     try:
@@ -405,6 +405,38 @@ async def test_a_version_1_key_space_is_upgraded_in_place(
         await d.close()
     async with raw(redis_url) as client:
         assert await client.get(f"{redis_prefix}:schema") == str(SCHEMA_VERSION)
+
+
+async def test_a_version_2_key_space_opens_as_version_3_and_its_open_entries_close(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Version 2 kept a run's open attempt entry in the JSON log: opening a
+    version-3 driver on its keys moves the stored version (nothing else to
+    rewrite), and an entry version 2 left open is closed there by the ack."""
+    d = redis_driver(redis_url, prefix=redis_prefix)
+    await d.open()
+    try:
+        await d.enqueue_many([req("v2")])
+        [job] = (await d.claim(_claim({"default": 1}))).jobs
+    finally:
+        await d.close()
+    key = f"{redis_prefix}:job:{job.id}"
+    async with raw(redis_url) as client:  # the row as version 2 wrote it
+        started, worker = await client.hmget(key, ["oa", "ow"])
+        await client.hdel(key, ["oa", "ow", "on"])
+        old = [{"attempt": 1, "worker_id": worker, "started_at": started}]
+        await client.hset(key, {"al": json.dumps(old, separators=(",", ":"))})
+        await client.set(f"{redis_prefix}:schema", "2")
+    d = redis_driver(redis_url, prefix=redis_prefix)
+    await d.open()
+    try:
+        assert await d.ack(job.id, AckOptions(fence=job.fence))
+        [entry] = await d.attempt_log(job.id)
+        assert (entry.attempt, entry.worker_id, entry.outcome) == (1, "w", "done")
+    finally:
+        await d.close()
+    async with raw(redis_url) as client:
+        assert await client.get(f"{redis_prefix}:schema") == str(SCHEMA_VERSION) == "3"
 
 
 async def test_debounce_and_unique_for_in_a_transaction(driver: RedisDriver) -> None:

@@ -78,8 +78,12 @@ logger = logging.getLogger("trio_jobs.redis")
 
 #: The layout of the keys this driver writes. Stored under ``<prefix>:schema``
 #: on first open; a driver speaking another version refuses to open, except
-#: that version 1's keys are upgraded in place (see ``_upgrade``).
-SCHEMA_VERSION = 2
+#: that older keys are upgraded in place: version 1's are indexed (see
+#: ``_upgrade``), version 2's need nothing (version 3 keeps a run's newest
+#: attempt entry in fields of its own, and still closes an entry version 2 left
+#: open in the JSON log; the version moves so a version-2 process, which would
+#: not see those fields, refuses to open beside it).
+SCHEMA_VERSION = 3
 #: The most acks one ``ack`` script call carries from :meth:`RedisDriver._ack_many`
 #: (the combiner's batch: a call holds the single-threaded server for its rows).
 ACK_CALL = BATCH
@@ -477,6 +481,8 @@ class RedisDriver:
             stored = await self._script("schema", [str(SCHEMA_VERSION)])
             if int(_s(stored)) == 1:
                 stored = await self._upgrade()
+            if int(_s(stored)) == 2:
+                stored = await self._script("schema_set", ["2", str(SCHEMA_VERSION)])
             if int(_s(stored)) != SCHEMA_VERSION:
                 raise JobsError(
                     ErrorCode.X_CONFIG_INVALID,
@@ -500,7 +506,8 @@ class RedisDriver:
 
     async def _upgrade(self) -> Any:
         """Version 1's keys to version 2's: every row into the operator
-        surface's indexes (by creation and by id), then the stored version moves.
+        surface's indexes (by creation and by id), then the stored version moves
+        to 2 (and :meth:`open` moves it on).
         Rows are found by ``SCAN`` in batches; a row written meanwhile by a
         version-1 process may be missed (stop them first: the how-to says so).
         Idempotent: an upgrade cut short is simply run again."""
@@ -518,7 +525,7 @@ class RedisDriver:
             if len(batch) >= 500:
                 await flush()
         await flush()
-        return await self._script("schema_set", ["1", str(SCHEMA_VERSION)])
+        return await self._script("schema_set", ["1", "2"])
 
     async def _check_eviction(self) -> None:
         """Warn when Redis may evict keys: under memory pressure an eviction
