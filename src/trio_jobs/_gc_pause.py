@@ -30,6 +30,7 @@ collections too; at 10,000 most of them are gone by the next collection.
 from __future__ import annotations
 
 import gc
+import threading
 from types import TracebackType
 
 from .errors import ErrorCode, JobsError
@@ -77,7 +78,9 @@ def check_young_threshold(value: object) -> int | None:
 
 
 # The process-wide raise: held by every running worker that asked for one, set
-# by the first, put back by the last (the thresholds are the interpreter's).
+# by the first, put back by the last (the thresholds are the interpreter's, so
+# workers on Trio loops in other threads share them: the lock orders them).
+_lock = threading.Lock()
 _holders = 0
 _saved: tuple[int, int, int] | None = None  # what the first holder found
 _ours: int | None = None  # the threshold it set (None: it found one as high)
@@ -103,14 +106,15 @@ class raised_young_threshold:
         global _holders, _saved, _ours
         if self._value is None:
             return
-        if _holders == 0:
-            found = gc.get_threshold()
-            if found[0] < self._value:
-                _saved, _ours = found, self._value
-                gc.set_threshold(self._value, found[1], found[2])
-            else:
-                _saved, _ours = None, None
-        _holders += 1
+        with _lock:
+            if _holders == 0:
+                found = gc.get_threshold()
+                if found[0] < self._value:
+                    _saved, _ours = found, self._value
+                    gc.set_threshold(self._value, found[1], found[2])
+                else:
+                    _saved, _ours = None, None
+            _holders += 1
         self._held = True
 
     def __exit__(
@@ -123,8 +127,9 @@ class raised_young_threshold:
         if not self._held:
             return
         self._held = False
-        _holders -= 1
-        if _holders == 0:
-            if _saved is not None and gc.get_threshold()[0] == _ours:
-                gc.set_threshold(*_saved)
-            _saved, _ours = None, None
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                if _saved is not None and gc.get_threshold()[0] == _ours:
+                    gc.set_threshold(*_saved)
+                _saved, _ours = None, None

@@ -135,3 +135,48 @@ async def test_a_bad_threshold_is_refused_before_anything_runs(
     assert caught.value.code == ErrorCode.X_CONFIG_INVALID
     assert "gc_young_threshold" in str(caught.value)
     assert gc.get_threshold() == CPYTHON
+
+
+def test_workers_on_loops_in_two_threads_share_one_raise() -> None:
+    """Two Trio loops in two threads, each running a worker that overlaps the
+    other's: the threshold is raised while either runs and put back once both
+    have ended (the count of holders is the process's, under a lock)."""
+    import threading
+
+    from jobs_support import jobs_on_memory as _on_memory
+
+    first_running = threading.Event()
+    second_done = threading.Event()
+    seen: dict[str, int] = {}
+
+    async def first() -> None:
+        async with _on_memory([]) as (jobs, _):
+            worker = Worker(jobs, poll_interval="10ms")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                first_running.set()
+                await trio.to_thread.run_sync(second_done.wait)
+                seen["first, after the second ended"] = gc.get_threshold()[0]
+                await worker.drain()
+
+    async def second() -> None:
+        await trio.to_thread.run_sync(first_running.wait)
+        async with _on_memory([]) as (jobs, _):
+            worker = Worker(jobs, poll_interval="10ms")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                seen["second, while both ran"] = gc.get_threshold()[0]
+                await worker.drain()
+
+    def run_second() -> None:
+        try:
+            trio.run(second)
+        finally:
+            second_done.set()
+
+    thread = threading.Thread(target=run_second)
+    thread.start()
+    trio.run(first)
+    thread.join()
+    assert seen == {"second, while both ran": 10_000, "first, after the second ended": 10_000}
+    assert gc.get_threshold() == CPYTHON
