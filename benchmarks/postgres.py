@@ -98,7 +98,18 @@ TJ_STEP_CONCURRENCY = (128, 256, 512)
 PROCRASTINATE_CONCURRENCY = (4, 16)
 #: (concurrency, batched): graphile-worker's defaults, then its batching
 #: (localQueue.size = concurrency, completeJobBatchDelay = 0).
-GRAPHILE_CONFIGS = ((8, False), (32, False), (32, True), (64, True))
+#: The batched sweep runs to 1,024: on 2026-12-08 its best was at 256 to 512 (28k to 31k
+#: jobs/s here), well past the 64 this table stopped at before.
+GRAPHILE_CONFIGS = (
+    (8, False),
+    (32, False),
+    (32, True),
+    (64, True),
+    (128, True),
+    (256, True),
+    (512, True),
+    (1024, True),
+)
 
 SINGLE_ENQUEUE_SECONDS = 1.0
 SINGLE_ENQUEUE_SLICES = 4
@@ -111,12 +122,12 @@ PICKUP_INTERVAL = 0.3
 IDLE_WARMUP = 10.0
 IDLE_WINDOW = 30.0
 
-#: The multi-process comparison: N worker processes a side, and the concurrency
-#: per process (trio-jobs' best single-process setting, graphile-worker's best
-#: batched one).
+#: The multi-process comparison: N worker processes a side, at each of these
+#: concurrencies a process; each side's best is its figure (graphile-worker's
+#: batched setting: 64 alone until 2026-12-08, when 512 ran 45k jobs/s here).
 PROCESSES = 2
-PROC_TJ_CONCURRENCY = 1024
-PROC_GW_CONCURRENCY = 64
+PROC_TJ_CONCURRENCY = (512, 1024, 2048)
+PROC_GW_CONCURRENCY = (64, 256, 512, 1024)
 
 PARTS = (
     "throughput",
@@ -1041,52 +1052,53 @@ class Bench:
     # -- processes
 
     def processes(self) -> None:
-        tj: list[float] = []
-        gw: list[float] = []
+        tj: dict[int, list[float]] = {c: [] for c in PROC_TJ_CONCURRENCY}
+        gw: dict[int, list[float]] = {c: [] for c in PROC_GW_CONCURRENCY}
         with self.server.database("procs") as db:
             for r in range(self.runs):
                 self.log(f"{PROCESSES}-process round {r + 1}/{self.runs}")
                 if "trio-jobs" in self.systems:
-                    tj.append(
-                        tj_processes(self.server, db, NOOP_JOBS, PROCESSES, PROC_TJ_CONCURRENCY)
-                    )
-                    self.log(f"trio-jobs --processes {PROCESSES}: {tj[-1]:,.0f} jobs/s")
-                if "graphile-worker" in self.systems:
-                    gw.append(
-                        gw_processes(
-                            self.graphile,
-                            self.server,
-                            db,
-                            NOOP_JOBS,
-                            PROCESSES,
-                            PROC_GW_CONCURRENCY,
+                    for c in PROC_TJ_CONCURRENCY:
+                        tj[c].append(tj_processes(self.server, db, NOOP_JOBS, PROCESSES, c))
+                        self.log(
+                            f"trio-jobs --processes {PROCESSES} --concurrency {c}: "
+                            f"{tj[c][-1]:,.0f} jobs/s"
                         )
+                if "graphile-worker" in self.systems:
+                    for c in PROC_GW_CONCURRENCY:
+                        gw[c].append(
+                            gw_processes(self.graphile, self.server, db, NOOP_JOBS, PROCESSES, c)
+                        )
+                        gcpu = LAST_GW_CPU["server"]
+                        note = f" (PostgreSQL {gcpu:.0f} µs CPU/job)" if gcpu is not None else ""
+                        self.log(
+                            f"graphile-worker x{PROCESSES} concurrency {c}: "
+                            f"{gw[c][-1]:,.0f} jobs/s{note}"
+                        )
+        for c, values in tj.items():
+            if values:
+                self.add(
+                    Sample(
+                        "trio-jobs",
+                        "noop-processes",
+                        f"`trio-jobs worker --processes {PROCESSES} --concurrency "
+                        f"{c}`, {NOOP_JOBS:,} jobs, from the queue's resume",
+                        "jobs/s",
+                        values,
                     )
-                    gcpu = LAST_GW_CPU["server"]
-                    note = f" (PostgreSQL {gcpu:.0f} µs CPU/job)" if gcpu is not None else ""
-                    self.log(f"graphile-worker x{PROCESSES}: {gw[-1]:,.0f} jobs/s{note}")
-        if tj:
-            self.add(
-                Sample(
-                    "trio-jobs",
-                    "noop-processes",
-                    f"`trio-jobs worker --processes {PROCESSES} --concurrency "
-                    f"{PROC_TJ_CONCURRENCY}`, {NOOP_JOBS:,} jobs, from the queue's resume",
-                    "jobs/s",
-                    tj,
                 )
-            )
-        if gw:
-            self.add(
-                Sample(
-                    "graphile-worker",
-                    "noop-processes",
-                    f"{PROCESSES} processes, concurrency {PROC_GW_CONCURRENCY}, localQueue "
-                    f"{PROC_GW_CONCURRENCY}, completeJobBatchDelay 0, {NOOP_JOBS:,} jobs, from the go",
-                    "jobs/s",
-                    gw,
+        for c, values in gw.items():
+            if values:
+                self.add(
+                    Sample(
+                        "graphile-worker",
+                        "noop-processes",
+                        f"{PROCESSES} processes, concurrency {c}, localQueue "
+                        f"{c}, completeJobBatchDelay 0, {NOOP_JOBS:,} jobs, from the go",
+                        "jobs/s",
+                        values,
+                    )
                 )
-            )
 
     # -- steps
 
