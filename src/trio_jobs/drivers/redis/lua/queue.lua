@@ -429,8 +429,9 @@ end
 
 -- Close the open entry (none open: nothing to close). '' is no code / message.
 local function log_end(jk, outcome, code, message)
-  if redis.call('HEXISTS', jk, 'oa') == 1 then
-    if redis.call('HEXISTS', jk, 'oe') == 0 then log_push(jk, outcome, code, message) end
+  local f = redis.call('HMGET', jk, 'oa', 'oe')
+  if f[1] then
+    if not f[2] then log_push(jk, outcome, code, message) end
     return
   end
   local log = log_read(jk)
